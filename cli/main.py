@@ -1,0 +1,8 @@
+"""schedplan command line."""
+import click
+
+
+@click.group()
+@click.version_option(package_name="schedplan")
+def cli() -> None:
+    """Exact plans of the memory llama.cpp reserves for a GGUF model."""

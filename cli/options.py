@@ -1,0 +1,90 @@
+"""The flags shared by every command that plans or runs a model (llama.cpp's names)."""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import click
+
+from schedplan.planner.params import Params
+
+KV_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
+def _parse_tensor_split(value: str | None) -> tuple[float, ...]:
+    if not value:
+        return ()
+    try:
+        return tuple(float(x) for x in value.replace("/", ",").split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected numbers separated by ',' or '/', got {value!r}")
+
+
+def _parse_overrides(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for value in values:
+        for item in value.split(","):
+            pattern, sep, buft = item.partition("=")
+            if not sep or not pattern or not buft:
+                raise click.BadParameter(f"expected REGEX=BUFTYPE, got {item!r}")
+            out.append((pattern, buft))
+    return tuple(out)
+
+
+def plan_options(func: Callable) -> Callable:
+    """Add llama.cpp's context and model flags; the command receives `params: Params`."""
+    options = [
+        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Context size; 0 = the model's training context."),
+        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048, show_default=True,
+                     help="Logical batch size."),
+        click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), default=512, show_default=True,
+                     help="Physical batch size: the pp graph is built for this many tokens."),
+        click.option("-np", "--parallel", "n_seq_max", type=click.IntRange(min=1, max=256), default=1,
+                     show_default=True, help="Number of sequences (slots)."),
+        click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["on", "off", "auto"]), default="auto",
+                     show_default=True, help="Flash attention."),
+        click.option("-ctk", "--cache-type-k", "type_k", type=click.Choice(KV_TYPES), default="f16",
+                     show_default=True, help="K cache type."),
+        click.option("-ctv", "--cache-type-v", "type_v", type=click.Choice(KV_TYPES), default="f16",
+                     show_default=True, help="V cache type."),
+        click.option("-kvu", "--kv-unified", "kv_unified", is_flag=True,
+                     help="One KV buffer shared by all sequences."),
+        click.option("--swa-full", "swa_full", is_flag=True, help="Full-size SWA cache."),
+        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=-1, show_default=True,
+                     help="Layers to offload to devices; -1 = all (the output layer counts as one)."),
+        click.option("-sm", "--split-mode", "split_mode", type=click.Choice(["none", "layer", "row"]),
+                     default="layer", show_default=True, help="How to split the model across devices."),
+        click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Device for the whole model with -sm none."),
+        click.option("-ts", "--tensor-split", "tensor_split", default=None,
+                     help="Proportions of the model per device, e.g. 3,1."),
+        click.option("-nkvo", "--no-kv-offload", "no_kv_offload", is_flag=True, help="Keep the KV cache on the CPU."),
+        click.option("--no-op-offload", "no_op_offload", is_flag=True,
+                     help="Do not offload host-weight ops to devices."),
+        click.option("--no-host", "no_host", is_flag=True, help="Bypass host buffer types."),
+        click.option("--no-repack", "no_repack", is_flag=True, help="Disable weight repacking (extra buffer types)."),
+        click.option("-ot", "--override-tensor", "override_tensor", multiple=True,
+                     help="REGEX=BUFTYPE: place matching weights in that buffer type (repeatable)."),
+        click.option("--rpc", "rpc", multiple=True, metavar="HOST:PORT",
+                     help="A ggml RPC server to use as a device (repeatable)."),
+    ]
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        kwargs["params"] = Params(
+            n_ctx=kwargs.pop("n_ctx"), n_batch=kwargs.pop("n_batch"), n_ubatch=kwargs.pop("n_ubatch"),
+            n_seq_max=kwargs.pop("n_seq_max"), flash_attn=kwargs.pop("flash_attn"),
+            type_k=kwargs.pop("type_k"), type_v=kwargs.pop("type_v"), kv_unified=kwargs.pop("kv_unified"),
+            swa_full=kwargs.pop("swa_full"), n_gpu_layers=kwargs.pop("n_gpu_layers"),
+            split_mode=kwargs.pop("split_mode"), main_gpu=kwargs.pop("main_gpu"),
+            tensor_split=_parse_tensor_split(kwargs.pop("tensor_split")),
+            offload_kqv=not kwargs.pop("no_kv_offload"), op_offload=not kwargs.pop("no_op_offload"),
+            no_host=kwargs.pop("no_host"), use_extra_bufts=not kwargs.pop("no_repack"),
+            tensor_overrides=_parse_overrides(kwargs.pop("override_tensor")), rpc=tuple(kwargs.pop("rpc")),
+        )
+        return func(*args, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper

@@ -1,0 +1,32 @@
+"""User-facing parameters, named after llama.cpp's common/arg.cpp flags.
+
+Defaults follow llama-server where it differs from the C API (see the reserve-engine issue):
+-c 0 (training context), -b 2048, -ub 512, -np 1, -fa auto, -ctk/-ctv f16, -kvu off, --swa-full off.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Params:
+    n_ctx: int = 0                  # -c; 0 = n_ctx_train
+    n_batch: int = 2048             # -b
+    n_ubatch: int = 512             # -ub
+    n_seq_max: int = 1              # -np
+    flash_attn: str = "auto"        # -fa on|off|auto
+    type_k: str = "f16"             # -ctk
+    type_v: str = "f16"             # -ctv
+    kv_unified: bool = False        # -kvu
+    swa_full: bool = False          # --swa-full
+    n_gpu_layers: int = -1          # -ngl; -1 = all (the C API's default)
+    split_mode: str = "layer"       # -sm none|layer|row
+    main_gpu: int = 0               # -mg
+    tensor_split: tuple[float, ...] = ()   # -ts
+    offload_kqv: bool = True        # -nkvo turns it off
+    op_offload: bool = True         # --no-op-offload turns it off
+    no_host: bool = False           # --no-host
+    use_extra_bufts: bool = True    # --no-repack turns it off
+    tensor_overrides: tuple[tuple[str, str], ...] = ()   # -ot REGEX=BUFTYPE
+    rpc: tuple[str, ...] = ()       # --rpc HOST:PORT, repeatable
+    devices: tuple[str, ...] = field(default=())         # --device (simulated), repeatable

@@ -1,0 +1,52 @@
+"""Plain data for simulated devices: buffer types and backends (ggml-backend-impl.h interfaces).
+
+Each backend module (cpu.py, rpc.py, cuda.py, ...) builds these with its own rules and cites
+the source lines it mirrors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from schedplan.planner.ggml import Tensor
+
+SIZE_MAX = 2**64 - 1
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.nbytes
+
+
+@dataclass(eq=False)
+class BufferType:
+    """ggml_backend_buffer_type: name, alignment, max_size, get_alloc_size, is_host."""
+    name: str
+    alignment: int
+    max_size: int = SIZE_MAX
+    is_host: bool = False
+    alloc_size_fn: Callable[[Tensor], int] = _nbytes
+    device: Optional[str] = None          # name of the backend/device that owns it
+    is_extra: bool = False                # CPU extra buffer types (CPU_REPACK, ...)
+
+    def alloc_size(self, t: Tensor) -> int:
+        """ggml_backend_buft_get_alloc_size"""
+        return self.alloc_size_fn(t)
+
+    def __repr__(self) -> str:
+        return f"BufferType({self.name!r})"
+
+
+@dataclass(eq=False)
+class Backend:
+    """A ggml backend with its device's rules (ggml_backend_device_i)."""
+    name: str                                  # "CPU", "RPC0[127.0.0.1:50052]", "CUDA0"
+    dev_type: str                              # "CPU", "GPU", "IGPU", "ACCEL"
+    buft: BufferType                           # ggml_backend_get_default_buffer_type
+    supports_op: Callable[[Tensor], bool]
+    supports_buft: Callable[[BufferType], bool]
+    offload_op: Callable[[Tensor], bool] = field(default=lambda t: False)
+    host_buft: Optional[BufferType] = None     # get_host_buffer_type (CUDA_Host, Vulkan_Host)
+    is_async_with_events: bool = False         # async + events: needed for pipeline parallelism
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r})"

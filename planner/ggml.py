@@ -1,0 +1,353 @@
+"""The part of ggml that decides memory: tensors, views, op constructors, graphs.
+
+Mirrors ggml/src/ggml.c (llama.cpp 0c1e57098): shapes, strides, names and src order of each op
+as its constructor sets them, and ggml_build_forward_expand's post-order walk.
+Tensors carry no data; `buffer`/`offset` are filled by placement (weights, KV) or by gallocr.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+# ggml.h enum ggml_tensor_flag
+FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS, FLAG_COMPUTE = 1, 2, 4, 8, 16
+
+# ops that only make a view of src[0] (ggml_op_is_view / ggml_is_view_op in ggml-impl.h)
+VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
+
+T = GGMLQuantizationType
+
+
+def type_name(t: int) -> str:
+    return T(t).name.lower()
+
+
+def type_by_name(name: str) -> int:
+    return int(T[name.upper()])
+
+
+def blck_size(t: int) -> int:
+    return GGML_QUANT_SIZES[T(t)][0]
+
+
+def type_size(t: int) -> int:
+    return GGML_QUANT_SIZES[T(t)][1]
+
+
+def row_size(t: int, ne0: int) -> int:
+    """ggml_row_size"""
+    return type_size(t) * ne0 // blck_size(t)
+
+
+def is_quantized(t: int) -> bool:
+    return blck_size(t) > 1
+
+
+def contiguous_nb(t: int, ne: tuple[int, ...]) -> tuple[int, int, int, int]:
+    nb0 = type_size(t)
+    nb1 = nb0 * (ne[0] // blck_size(t))
+    nb2 = nb1 * ne[1]
+    nb3 = nb2 * ne[2]
+    return (nb0, nb1, nb2, nb3)
+
+
+@dataclass(eq=False)
+class Buffer:
+    """A backend buffer that tensors can live in (weights, KV, output, compute)."""
+    buft: str          # buffer type name as llama.cpp logs it ("CPU", "CUDA0", "RPC0[host:port]")
+    usage: str         # "weights", "compute", "any"
+    size: int = 0
+
+
+@dataclass(eq=False)
+class Tensor:
+    type: int
+    ne: tuple[int, int, int, int]
+    nb: tuple[int, int, int, int]
+    op: str = "NONE"
+    src: list[Optional["Tensor"]] = field(default_factory=list)
+    op_params: tuple = ()
+    flags: int = 0
+    view_src: Optional["Tensor"] = None
+    view_offs: int = 0
+    name: str = ""
+    buffer: Optional[Buffer] = None   # set when the tensor is already allocated (weights, KV)
+    offset: Optional[int] = None      # offset in `buffer`
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, {self.op}, {type_name(self.type)}, {list(self.ne)})"
+
+    @property
+    def nbytes(self) -> int:
+        """ggml_nbytes"""
+        if any(n <= 0 for n in self.ne):
+            return 0
+        bs = blck_size(self.type)
+        if bs == 1:
+            size = type_size(self.type)
+            for i in range(4):
+                size += (self.ne[i] - 1) * self.nb[i]
+            return size
+        size = self.ne[0] * self.nb[0] // bs
+        for i in range(1, 4):
+            size += (self.ne[i] - 1) * self.nb[i]
+        return size
+
+    def nelements(self) -> int:
+        return self.ne[0] * self.ne[1] * self.ne[2] * self.ne[3]
+
+    def is_contiguous(self) -> bool:
+        """ggml_is_contiguous (ggml_is_contiguous_n with n = 0)"""
+        next_nb = type_size(self.type)
+        if self.ne[0] != blck_size(self.type) and self.nb[0] != next_nb:
+            return False
+        next_nb *= self.ne[0] // blck_size(self.type)
+        for i in range(1, 4):
+            if self.ne[i] != 1:
+                if self.nb[i] != next_nb:
+                    return False
+                next_nb *= self.ne[i]
+        return True
+
+    def set_input(self) -> None:
+        self.flags |= FLAG_INPUT
+
+    def set_output(self) -> None:
+        self.flags |= FLAG_OUTPUT
+
+
+def _ne4(ne) -> tuple[int, int, int, int]:
+    ne = tuple(int(n) for n in ne)
+    return ne + (1,) * (4 - len(ne))
+
+
+def new_tensor(type_: int, *ne: int, view_src: Tensor | None = None, view_offs: int = 0) -> Tensor:
+    """ggml_new_tensor_impl: contiguous strides; a view of a view points at the root."""
+    if view_src is not None and view_src.view_src is not None:
+        view_offs += view_src.view_offs
+        view_src = view_src.view_src
+    ne4 = _ne4(ne)
+    return Tensor(type=type_, ne=ne4, nb=contiguous_nb(type_, ne4), view_src=view_src, view_offs=view_offs)
+
+
+def _op(result: Tensor, op: str, srcs: list, params: tuple = ()) -> Tensor:
+    result.op = op
+    result.src = list(srcs)
+    result.op_params = params
+    return result
+
+
+def dup_tensor(a: Tensor) -> Tensor:
+    return new_tensor(a.type, *a.ne)
+
+
+def view_tensor(a: Tensor) -> Tensor:
+    """ggml_view_tensor: same shape and strides, op NONE."""
+    r = new_tensor(a.type, *a.ne, view_src=a, view_offs=0)
+    r.nb = a.nb
+    r.name = f"{a.name} (view)"
+    return r
+
+
+# --- views -------------------------------------------------------------------------------------
+
+def view(a: Tensor, ne: tuple[int, ...], nb: tuple[int, ...], offset: int) -> Tensor:
+    """ggml_view_1d/2d/3d/4d: nb holds nb1.. (nb0 stays the type size)."""
+    r = new_tensor(a.type, *ne, view_src=a, view_offs=offset)
+    r.name = f"{a.name} (view)"
+    full = list(r.nb)
+    for i, s in enumerate(nb, start=1):
+        full[i] = s
+    for i in range(len(nb) + 1, 4):
+        full[i] = full[i - 1] * r.ne[i - 1]
+    r.nb = tuple(full)
+    return _op(r, "VIEW", [a], (offset,))
+
+
+def reshape(a: Tensor, *ne: int) -> Tensor:
+    """ggml_reshape_1d..4d (a must be contiguous)."""
+    r = new_tensor(a.type, *ne, view_src=a, view_offs=0)
+    r.name = f"{a.name} (reshaped)"
+    return _op(r, "RESHAPE", [a])
+
+
+def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int) -> Tensor:
+    r = view_tensor(a)
+    r.name = f"{a.name} (permuted)"
+    ne, nb = [0] * 4, [0] * 4
+    for src_axis, dst_axis in enumerate((ax0, ax1, ax2, ax3)):
+        ne[dst_axis] = a.ne[src_axis]
+        nb[dst_axis] = a.nb[src_axis]
+    r.ne, r.nb = tuple(ne), tuple(nb)
+    return _op(r, "PERMUTE", [a], (ax0, ax1, ax2, ax3))
+
+
+def transpose(a: Tensor) -> Tensor:
+    r = view_tensor(a)
+    r.name = f"{a.name} (transposed)"
+    r.ne = (a.ne[1], a.ne[0], a.ne[2], a.ne[3])
+    r.nb = (a.nb[1], a.nb[0], a.nb[2], a.nb[3])
+    return _op(r, "TRANSPOSE", [a])
+
+
+# --- compute ops -------------------------------------------------------------------------------
+
+def cont(a: Tensor, *ne: int) -> Tensor:
+    """ggml_cont / ggml_cont_Nd"""
+    r = new_tensor(a.type, *(ne or a.ne))
+    r.name = f"{a.name} (cont)"
+    return _op(r, "CONT", [a])
+
+
+def cpy(a: Tensor, b: Tensor) -> Tensor:
+    r = view_tensor(b)
+    r.name = f"{b.name} (copy of {a.name})" if b.name else f"{a.name} (copy)"
+    return _op(r, "CPY", [a, b])
+
+
+def cast(a: Tensor, type_: int) -> Tensor:
+    r = new_tensor(type_, *a.ne)
+    r.name = f"{a.name} (copy)"
+    return _op(r, "CPY", [a, r])
+
+
+def get_rows(a: Tensor, b: Tensor) -> Tensor:
+    t = a.type if a.type == T.I32 else T.F32
+    return _op(new_tensor(t, a.ne[0], b.ne[0], b.ne[1], b.ne[2]), "GET_ROWS", [a, b])
+
+
+def set_rows(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """ggml_set_rows: a view of the destination a; src order b, c, a (legacy)."""
+    return _op(view_tensor(a), "SET_ROWS", [b, c, a])
+
+
+def mul_mat(a: Tensor, b: Tensor) -> Tensor:
+    return _op(new_tensor(T.F32, a.ne[1], b.ne[1], b.ne[2], b.ne[3]), "MUL_MAT", [a, b])
+
+
+def _unary_like(op: str, a: Tensor, srcs: list, params: tuple = (), inplace: bool = False) -> Tensor:
+    r = view_tensor(a) if inplace else dup_tensor(a)
+    return _op(r, op, srcs, params)
+
+
+def add(a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    return _unary_like("ADD", a, [a, b], inplace=inplace)
+
+
+def mul(a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    return _unary_like("MUL", a, [a, b], inplace=inplace)
+
+
+def scale(a: Tensor, s: float, inplace: bool = False) -> Tensor:
+    return _unary_like("SCALE", a, [a], (s, 0.0), inplace)
+
+
+def rms_norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
+    return _unary_like("RMS_NORM", a, [a], (eps,), inplace)
+
+
+def norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
+    return _unary_like("NORM", a, [a], (eps,), inplace)
+
+
+def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int, n_ctx_orig: int,
+             inplace: bool = False) -> Tensor:
+    return _unary_like("ROPE", a, [a, pos, freq_factors], (0, n_dims, mode, 0, n_ctx_orig), inplace)
+
+
+def soft_max_ext(a: Tensor, mask: Tensor | None, scale_: float, max_bias: float) -> Tensor:
+    return _unary_like("SOFT_MAX", a, [a, mask], (scale_, max_bias))
+
+
+# enum ggml_glu_op
+GLU_REGLU, GLU_GEGLU, GLU_SWIGLU = 0, 1, 2
+
+
+def glu_split(a: Tensor, b: Tensor, glu_op: int) -> Tensor:
+    """ggml_glu_impl with b: result has a's shape and type."""
+    r = new_tensor(a.type, *a.ne)
+    return _op(r, "GLU", [a, b], (glu_op, 0))
+
+
+# enum ggml_unary_op
+UNARY_SILU, UNARY_GELU = 10, 7
+
+
+def unary(a: Tensor, unary_op: int) -> Tensor:
+    return _unary_like("UNARY", a, [a], (unary_op,))
+
+
+def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale_: float, max_bias: float,
+                   softcap: float) -> Tensor:
+    r = new_tensor(T.F32, v.ne[0], q.ne[2], q.ne[1], q.ne[3])
+    return _op(r, "FLASH_ATTN_EXT", [q, k, v, mask], (scale_, max_bias, softcap))
+
+
+# --- graphs ------------------------------------------------------------------------------------
+
+@dataclass
+class Cgraph:
+    nodes: list[Tensor] = field(default_factory=list)
+    leafs: list[Tensor] = field(default_factory=list)
+    visited: set[int] = field(default_factory=set)   # ids of visited tensors (the visited_hash_set)
+
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+
+def _visit_parents(g: Cgraph, node: Tensor, compute: bool) -> None:
+    """ggml_visit_parents_graph (ggml.c): post-order over src left to right; leafs vs nodes."""
+    stack: list[tuple[Tensor, int]] = [(node, 0)]
+    if node.op != "NONE" and compute:
+        node.flags |= FLAG_COMPUTE
+    if id(node) in g.visited:
+        _update_compute(node, compute)
+        return
+    g.visited.add(id(node))
+    while stack:
+        t, i = stack.pop()
+        while i < len(t.src) and t.src[i] is None:
+            i += 1
+        if i < len(t.src):
+            stack.append((t, i + 1))
+            s = t.src[i]
+            if s.op != "NONE" and compute:
+                s.flags |= FLAG_COMPUTE
+            if id(s) in g.visited:
+                _update_compute(s, compute)
+            else:
+                g.visited.add(id(s))
+                stack.append((s, 0))
+            continue
+        if t.op == "NONE" and not (t.flags & FLAG_PARAM):
+            if not t.name:
+                t.name = f"leaf_{len(g.leafs)}"
+            g.leafs.append(t)
+        else:
+            if not t.name:
+                t.name = f"node_{len(g.nodes)}"
+            g.nodes.append(t)
+
+
+def _update_compute(node: Tensor, compute: bool) -> None:
+    """An already visited node: propagate the compute flag to srcs that lack it."""
+    if not compute:
+        return
+    for s in node.src:
+        if s is not None and not (s.flags & FLAG_COMPUTE):
+            if s.op != "NONE":
+                s.flags |= FLAG_COMPUTE
+            _update_compute(s, True)
+
+
+def build_forward_expand(g: Cgraph, t: Tensor) -> None:
+    _visit_parents(g, t, True)
+
+
+def build_forward_select(g: Cgraph, tensors: list[Tensor], idx: int) -> Tensor:
+    """ggml_build_forward_select: every candidate enters the graph, only idx is flagged compute."""
+    for i, t in enumerate(tensors):
+        _visit_parents(g, t, i == idx)
+    return tensors[idx]

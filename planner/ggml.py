@@ -7,9 +7,12 @@ Tensors carry no data; `buffer`/`offset` are filled by placement (weights, KV) o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+if TYPE_CHECKING:
+    from schedplan.backends.types import BufferType
 
 # ggml.h enum ggml_tensor_flag
 FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS, FLAG_COMPUTE = 1, 2, 4, 8, 16
@@ -56,8 +59,8 @@ def contiguous_nb(t: int, ne: tuple[int, ...]) -> tuple[int, int, int, int]:
 @dataclass(eq=False)
 class Buffer:
     """A backend buffer that tensors can live in (weights, KV, output, compute)."""
-    buft: str          # buffer type name as llama.cpp logs it ("CPU", "CUDA0", "RPC0[host:port]")
-    usage: str         # "weights", "compute", "any"
+    buft: "BufferType"  # backends.types.BufferType; buft.name is the name llama.cpp logs
+    usage: str          # "weights", "compute", "any"
     size: int = 0
 
 

@@ -121,6 +121,14 @@ class Tensor:
         self.flags |= FLAG_OUTPUT
 
 
+GGML_MAX_NAME = 64
+
+
+def _fmt(name: str) -> str:
+    """ggml_format_name: vsnprintf into char[GGML_MAX_NAME]."""
+    return name[:GGML_MAX_NAME - 1]
+
+
 def _ne4(ne) -> tuple[int, int, int, int]:
     ne = tuple(int(n) for n in ne)
     return ne + (1,) * (4 - len(ne))
@@ -150,7 +158,7 @@ def view_tensor(a: Tensor) -> Tensor:
     """ggml_view_tensor: same shape and strides, op NONE."""
     r = new_tensor(a.type, *a.ne, view_src=a, view_offs=0)
     r.nb = a.nb
-    r.name = f"{a.name} (view)"
+    r.name = _fmt(f"{a.name} (view)")
     return r
 
 
@@ -159,7 +167,7 @@ def view_tensor(a: Tensor) -> Tensor:
 def view(a: Tensor, ne: tuple[int, ...], nb: tuple[int, ...], offset: int) -> Tensor:
     """ggml_view_1d/2d/3d/4d: nb holds nb1.. (nb0 stays the type size)."""
     r = new_tensor(a.type, *ne, view_src=a, view_offs=offset)
-    r.name = f"{a.name} (view)"
+    r.name = _fmt(f"{a.name} (view)")
     full = list(r.nb)
     for i, s in enumerate(nb, start=1):
         full[i] = s
@@ -172,13 +180,13 @@ def view(a: Tensor, ne: tuple[int, ...], nb: tuple[int, ...], offset: int) -> Te
 def reshape(a: Tensor, *ne: int) -> Tensor:
     """ggml_reshape_1d..4d (a must be contiguous)."""
     r = new_tensor(a.type, *ne, view_src=a, view_offs=0)
-    r.name = f"{a.name} (reshaped)"
+    r.name = _fmt(f"{a.name} (reshaped)")
     return _op(r, "RESHAPE", [a])
 
 
 def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int) -> Tensor:
     r = view_tensor(a)
-    r.name = f"{a.name} (permuted)"
+    r.name = _fmt(f"{a.name} (permuted)")
     ne, nb = [0] * 4, [0] * 4
     for src_axis, dst_axis in enumerate((ax0, ax1, ax2, ax3)):
         ne[dst_axis] = a.ne[src_axis]
@@ -189,7 +197,7 @@ def permute(a: Tensor, ax0: int, ax1: int, ax2: int, ax3: int) -> Tensor:
 
 def transpose(a: Tensor) -> Tensor:
     r = view_tensor(a)
-    r.name = f"{a.name} (transposed)"
+    r.name = _fmt(f"{a.name} (transposed)")
     r.ne = (a.ne[1], a.ne[0], a.ne[2], a.ne[3])
     r.nb = (a.nb[1], a.nb[0], a.nb[2], a.nb[3])
     return _op(r, "TRANSPOSE", [a])
@@ -200,19 +208,19 @@ def transpose(a: Tensor) -> Tensor:
 def cont(a: Tensor, *ne: int) -> Tensor:
     """ggml_cont / ggml_cont_Nd"""
     r = new_tensor(a.type, *(ne or a.ne))
-    r.name = f"{a.name} (cont)"
+    r.name = _fmt(f"{a.name} (cont)")
     return _op(r, "CONT", [a])
 
 
 def cpy(a: Tensor, b: Tensor) -> Tensor:
     r = view_tensor(b)
-    r.name = f"{b.name} (copy of {a.name})" if b.name else f"{a.name} (copy)"
+    r.name = _fmt(f"{b.name} (copy of {a.name})" if b.name else f"{a.name} (copy)")
     return _op(r, "CPY", [a, b])
 
 
 def cast(a: Tensor, type_: int) -> Tensor:
     r = new_tensor(type_, *a.ne)
-    r.name = f"{a.name} (copy)"
+    r.name = _fmt(f"{a.name} (copy)")
     return _op(r, "CPY", [a, r])
 
 

@@ -1,0 +1,67 @@
+"""Context parameters as llama_context's constructor derives them (src/llama-context.cpp:84-478)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedplan.planner import ggml
+from schedplan.planner.hparams import HParams
+from schedplan.planner.params import Params
+
+LLAMA_MAX_SEQ = 256
+
+
+class BadParams(Exception):
+    """An impossible parameter, with llama.cpp's reason."""
+
+
+def pad(x: int, n: int) -> int:
+    """GGML_PAD"""
+    return (x + n - 1) // n * n
+
+
+@dataclass
+class CParams:
+    n_ctx: int
+    n_ctx_seq: int
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int
+    n_outputs_max: int
+    kv_unified: bool
+    flash_attn: bool        # resolved by the auto probe in sched_reserve
+    auto_fa: bool
+    offload_kqv: bool
+    op_offload: bool
+    type_k: int
+    type_v: int
+    swa_full: bool
+
+
+def derive_cparams(params: Params, hp: HParams) -> CParams:
+    if params.n_seq_max > LLAMA_MAX_SEQ:
+        raise BadParams(f"n_seq_max must be <= {LLAMA_MAX_SEQ}")
+    n_seq_max = max(1, params.n_seq_max)
+    n_ctx = hp.n_ctx_train if params.n_ctx == 0 else params.n_ctx
+    n_batch = min(n_ctx, params.n_batch) if hp.causal_attn else params.n_batch
+    n_ubatch = min(n_batch, params.n_batch if params.n_ubatch == 0 else params.n_ubatch)
+    n_outputs_max = n_batch  # params.n_outputs_max == 0
+    n_ctx = pad(n_ctx, 256)
+    if params.kv_unified:
+        n_ctx_seq = n_ctx
+    else:
+        n_ctx_seq = pad(n_ctx // n_seq_max, 256)
+        if n_ctx_seq == 0:
+            raise BadParams("n_ctx_seq == 0")
+        n_ctx = n_ctx_seq * n_seq_max
+    type_k = ggml.type_by_name(params.type_k)
+    type_v = ggml.type_by_name(params.type_v)
+    if params.flash_attn == "off" and ggml.is_quantized(type_v):
+        # llama_context: checked after sched_reserve (and also when auto resolves to off)
+        raise BadParams("quantized V cache was requested, but this requires Flash Attention")
+    return CParams(
+        n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
+        n_outputs_max=n_outputs_max, kv_unified=params.kv_unified,
+        flash_attn=params.flash_attn != "off", auto_fa=params.flash_attn == "auto",
+        offload_kqv=params.offload_kqv, op_offload=params.op_offload,
+        type_k=type_k, type_v=type_v, swa_full=params.swa_full,
+    )

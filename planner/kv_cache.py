@@ -1,0 +1,153 @@
+"""The unified KV cache: tensors, buffers and graph views (src/llama-kv-cache.cpp)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schedplan.backends.types import BufferType
+from schedplan.planner import ggml
+from schedplan.planner.ggml import Buffer, Tensor
+from schedplan.planner.hparams import HParams
+
+
+@dataclass
+class KVLayer:
+    il: int
+    k: Tensor
+    v: Tensor
+
+
+@dataclass
+class KVCache:
+    hparams: HParams
+    type_k: int
+    type_v: int
+    v_trans: bool
+    kv_size: int
+    n_stream: int
+    layers: list[KVLayer]
+    buffers: dict[str, Buffer] = field(default_factory=dict)   # buft name -> buffer
+    attn_rot_k: bool = False
+    attn_rot_v: bool = False
+
+    # --- graph pieces (llama_kv_cache::get_k / get_v / cpy_k / cpy_v / build_input_*) ---
+
+    def get_k(self, il: int, n_kv: int) -> Tensor:
+        k = self.layers[il].k
+        hp = self.hparams
+        return ggml.view(k, (hp.n_embd_head_k, hp.n_head_kv[il], n_kv, self.n_stream),
+                         (ggml.row_size(k.type, hp.n_embd_head_k), ggml.row_size(k.type, k.ne[0]),
+                          ggml.row_size(k.type, k.ne[0] * self.kv_size)), 0)
+
+    def get_v(self, il: int, n_kv: int) -> Tensor:
+        v = self.layers[il].v
+        hp = self.hparams
+        if not self.v_trans:
+            return ggml.view(v, (hp.n_embd_head_v, hp.n_head_kv[il], n_kv, self.n_stream),
+                             (ggml.row_size(v.type, hp.n_embd_head_v), ggml.row_size(v.type, v.ne[0]),
+                              ggml.row_size(v.type, v.ne[0] * self.kv_size)), 0)
+        return ggml.view(v, (n_kv, hp.n_head_kv[il], hp.n_embd_head_v, self.n_stream),
+                         (ggml.row_size(v.type, self.kv_size * hp.n_embd_head_v), ggml.row_size(v.type, self.kv_size),
+                          ggml.row_size(v.type, self.kv_size * v.ne[0])), 0)
+
+    def cpy_k(self, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:
+        k = self.layers[il].k
+        n_embd_gqa = k_cur.ne[0] * k_cur.ne[1]
+        k_cur = ggml.view(k_cur, (n_embd_gqa, k_cur.ne[2]), (k_cur.nb[2],), 0)
+        if self.n_stream > 1:
+            k = ggml.reshape(k, n_embd_gqa, self.kv_size * self.n_stream)
+        return ggml.set_rows(k, k_cur, k_idxs)
+
+    def cpy_v(self, v_cur: Tensor, v_idxs: Tensor, il: int) -> Tensor:
+        v = self.layers[il].v
+        n_embd_gqa = v_cur.ne[0] * v_cur.ne[1]
+        n_tokens = v_cur.ne[2]
+        if not self.v_trans:
+            v_cur = ggml.view(v_cur, (n_embd_gqa, n_tokens), (v_cur.nb[2],), 0)
+            if self.n_stream > 1:
+                v = ggml.reshape(v, n_embd_gqa, self.kv_size * self.n_stream)
+            return ggml.set_rows(v, v_cur, v_idxs)
+        if ggml.row_size(v_cur.type, n_embd_gqa) == v_cur.nb[2]:
+            v_cur = ggml.reshape(v_cur, n_embd_gqa, n_tokens)
+        else:
+            v_cur = ggml.cont(v_cur, n_embd_gqa, n_tokens)
+        v_view = ggml.reshape(v, 1, v.nelements())
+        v_cur = ggml.reshape(v_cur, 1, v_cur.nelements())
+        return ggml.set_rows(v_view, v_cur, v_idxs)
+
+    def build_input_k_idxs(self, n_tokens: int) -> Tensor:
+        t = ggml.new_tensor(ggml.T.I64, n_tokens)
+        t.set_input()
+        t.name = "attn_inp_k_idxs"
+        return t
+
+    def build_input_v_idxs(self, n_tokens: int) -> Tensor:
+        n = n_tokens if not self.v_trans else n_tokens * self.hparams.n_embd_v_gqa_max()
+        t = ggml.new_tensor(ggml.T.I64, n)
+        t.set_input()
+        t.name = "attn_inp_v_idxs"
+        return t
+
+    def build_input_k_rot(self) -> Tensor | None:
+        if not self.attn_rot_k:
+            return None
+        nrot = 64
+        while True:   # the largest power of two >= 64 dividing the head size
+            nrot *= 2
+            if self.hparams.n_embd_head_k % nrot != 0:
+                break
+        nrot //= 2
+        return self._rot_input(nrot, "attn_inp_k_rot")
+
+    def build_input_v_rot(self) -> Tensor | None:
+        return self._rot_input(64, "attn_inp_v_rot") if self.attn_rot_v else None
+
+    @staticmethod
+    def _rot_input(nrot: int, name: str) -> Tensor:
+        t = ggml.new_tensor(ggml.T.F32, nrot, nrot)
+        t.set_input()
+        t.name = name
+        return t
+
+
+def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_size: int, n_seq_max: int,
+                    unified: bool, buft_for_layer) -> KVCache:
+    """llama_kv_cache::llama_kv_cache: one K and one V tensor per layer, one buffer per buffer type.
+
+    `buft_for_layer(il)` gives the layer's BufferType (the device of the layer, or CPU without offload).
+    Buffers are allocated like ggml_backend_alloc_ctx_tensors_from_buft: tensors in creation order,
+    each padded to the buffer type's alignment; contexts are visited in buft-name order.
+    """
+    n_stream = 1 if unified else n_seq_max
+    layers = []
+    by_buft: dict[str, tuple[BufferType, list[Tensor]]] = {}
+    for il in range(hp.n_layer):
+        n_embd_v = hp.n_embd_v_gqa(il) if not v_trans else hp.n_embd_v_gqa_max()
+        k = ggml.new_tensor(type_k, hp.n_embd_k_gqa(il), kv_size, n_stream)
+        v = ggml.new_tensor(type_v, n_embd_v, kv_size, n_stream)
+        k.name, v.name = f"cache_k_l{il}", f"cache_v_l{il}"
+        layers.append(KVLayer(il, k, v))
+        buft = buft_for_layer(il)
+        by_buft.setdefault(buft.name, (buft, []))[1].extend([k, v])
+    cache = KVCache(hp, type_k, type_v, v_trans, kv_size, n_stream, layers)
+    for name in sorted(by_buft):
+        buft, tensors = by_buft[name]
+        cache.buffers[name] = alloc_ctx_tensors(buft, tensors, usage="any")
+    heads_k = {hp.n_embd_head_k}
+    cache.attn_rot_k = len(heads_k) == 1 and ggml.is_quantized(type_k) and hp.n_embd_head_k % 64 == 0
+    cache.attn_rot_v = ggml.is_quantized(type_v) and hp.n_embd_head_v % 64 == 0
+    return cache
+
+
+def alloc_ctx_tensors(buft: BufferType, tensors: list[Tensor], usage: str) -> Buffer:
+    """ggml_backend_alloc_ctx_tensors_from_buft for tensors that fit one buffer (ggml-alloc.c)."""
+    buf = Buffer(buft, usage)
+    offset = 0
+    for t in tensors:
+        t.buffer, t.offset = buf, offset
+        offset += pad_to(buft.alloc_size(t), buft.alignment)
+    buf.size = offset
+    return buf
+
+
+def pad_to(x: int, n: int) -> int:
+    return (x + n - 1) // n * n

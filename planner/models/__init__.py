@@ -1,0 +1,1 @@
+"""Graph builders per architecture (src/models/*.cpp)."""

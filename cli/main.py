@@ -1,8 +1,13 @@
 """schedplan command line."""
 import click
 
+from schedplan.cli.reserve import reserve
+
 
 @click.group()
 @click.version_option(package_name="schedplan")
 def cli() -> None:
     """Exact plans of the memory llama.cpp reserves for a GGUF model."""
+
+
+cli.add_command(reserve)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedplan.planner.gguf import GGUFHeader
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from schedplan.planner.gguf import GGUFHeader
 
 SUPPORTED_ARCHS = ("llama",)
 

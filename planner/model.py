@@ -12,7 +12,10 @@ from typing import Callable, Optional
 from schedplan.backends.types import BufferType
 from schedplan.planner import ggml
 from schedplan.planner.ggml import Buffer, Tensor
-from schedplan.planner.gguf import GGUFHeader
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from schedplan.planner.gguf import GGUFHeader
 from schedplan.planner.hparams import HParams, UnsupportedModel
 from schedplan.planner.kv_cache import alloc_ctx_tensors
 

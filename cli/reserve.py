@@ -1,0 +1,89 @@
+"""`schedplan reserve`: what llama.cpp will reserve for a model, and why."""
+from __future__ import annotations
+
+import json
+
+import click
+from tabulate import tabulate
+
+from schedplan.cli.errors import fail_cleanly
+from schedplan.cli.options import plan_options
+from schedplan.planner.params import Params
+
+MiB = 1024 * 1024
+
+
+def mib(n: int) -> str:
+    return f"{n / MiB:.2f}"
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@plan_options
+@click.option("--tensors", is_flag=True, help="List every tensor of the graph with its buffer and offset.")
+@click.option("--graph", "graph", type=click.Choice(["pp", "tg"]), default="pp", show_default=True,
+              help="Which graph --tensors lists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the machine-readable result.")
+def reserve(model: str, params: Params, tensors: bool, graph: str, as_json: bool) -> None:
+    """Plan the buffers llama.cpp reserves for MODEL (a GGUF file; only its header is read).
+
+    Prints, per buffer type, the compute buffer (the worst case of the pp and tg graphs), the KV
+    cache, the output buffer and the model weights, in MiB and bytes; pp and tg graph nodes and
+    splits; and the effective parameters after llama.cpp's adjustments (n_ctx padding, flash
+    attention resolution). Flags use llama.cpp's names and llama-server's defaults.
+
+    Example: schedplan reserve model.gguf -c 8192 -ub 512 -fa on
+    """
+    from schedplan.planner.reserve import reserve as plan
+
+    with fail_cleanly():
+        result = plan(model, params, tensors=tensors, graph=graph)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    click.echo(render(result))
+
+
+def render(result: dict) -> str:
+    """The human-readable report of a reserve result (plan or real run: same schema)."""
+    out = [_params_line(result), "", buffers_table(result), "", graphs_table(result)]
+    if "tensors" in result:
+        out += ["", tensors_table(result["tensors"])]
+    return "\n".join(out)
+
+
+def _params_line(result: dict) -> str:
+    m, p = result["model"], result["params"]
+    fa = "on" if p["flash_attn"] else "off"
+    return (f"{m['path']}: {m['arch']}, {m['n_layer']} layers, n_embd {m['n_embd']}, n_vocab {m['n_vocab']}\n"
+            f"n_ctx {p['n_ctx']} (per sequence {p['n_ctx_seq']}), n_batch {p['n_batch']}, n_ubatch {p['n_ubatch']}, "
+            f"n_seq_max {p['n_seq_max']}, flash attention {fa}, K {p['type_k']}, V {p['type_v']}, "
+            f"sched copies {p['sched_copies']}")
+
+
+def buffers_table(result: dict) -> str:
+    kinds = [("model", "model_buffers"), ("KV", "kv_buffers"), ("output", "output_buffers"),
+             ("compute", "compute_buffers")]
+    bufts = sorted({b for _, key in kinds for b in result.get(key, {})})
+    rows = []
+    for buft in bufts:
+        sizes = [result.get(key, {}).get(buft, 0) for _, key in kinds]
+        rows.append([buft, *(mib(s) for s in sizes), mib(sum(sizes)), f"{sum(sizes):,}"])
+    totals = [sum(result.get(key, {}).values()) for _, key in kinds]
+    rows.append(["total", *(mib(s) for s in totals), mib(sum(totals)), f"{sum(totals):,}"])
+    headers = ["buffer type", *(f"{k} MiB" for k, _ in kinds), "total MiB", "total bytes"]
+    return tabulate(rows, headers=headers, disablenumparse=True, colalign=("left",) + ("right",) * 6)
+
+
+def graphs_table(result: dict) -> str:
+    g = result["graphs"]
+    rows = [[key, g["pp"][key], g["tg"][key]] for key in ("n_tokens", "n_seqs", "n_outputs", "nodes", "splits")]
+    return tabulate(rows, headers=["graph", "pp", "tg"], disablenumparse=True)
+
+
+def tensors_table(tensors: list[dict]) -> str:
+    rows = [[t["index"] if t["index"] is not None else "", t["name"], t["op"], "x".join(map(str, t["ne"])),
+             t["type"], t.get("backend") or "", t["buffer"] or "", t["offset"] if t["offset"] is not None else "",
+             t["size"], "*" if t.get("at_peak") else ""] for t in tensors]
+    return tabulate(rows, headers=["#", "name", "op", "ne", "type", "backend", "buffer", "offset", "size", "peak"],
+                    disablenumparse=True)

@@ -1,0 +1,206 @@
+"""The reservation llama_context performs: context construction, then sched_reserve
+(src/llama-context.cpp:615-767): FA probe, pp, tg, pp again; buffers grow to the running maximum.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from schedplan.planner import LLAMA_CPP_COMMIT, ggml
+from schedplan.planner.cparams import CParams, derive_cparams
+from schedplan.planner.devices import Devices, plan_devices, weight_placement
+from schedplan.planner.gguf import read_header
+from schedplan.planner.graph import GraphContext, Ubatch
+from schedplan.planner.hparams import HParams, load_hparams
+from schedplan.planner.kv_cache import KVCache, create_kv_cache
+from schedplan.planner.model import Model, load_model
+from schedplan.planner.models import llama
+from schedplan.planner.params import Params
+from schedplan.planner.sched import Sched
+
+SCHEMA = "schedplan.reserve/1"
+ARCH_BUILDERS = {"llama": llama.build}
+
+
+@dataclass
+class GraphStats:
+    n_tokens: int
+    n_seqs: int
+    n_outputs: int
+    nodes: int
+    splits: int
+    buffers: dict[str, int]      # what this graph alone needs per buffer type
+
+
+@dataclass
+class Context:
+    """What llama_context holds after construction."""
+    path: str
+    hparams: HParams
+    cparams: CParams
+    devices: Devices
+    model: Model
+    kv: KVCache
+    sched: Sched
+    output_buffer_size: int
+
+
+def create_context(model_path: str, params: Params) -> Context:
+    header = read_header(model_path)
+    hp = load_hparams(header)
+    cp = derive_cparams(params, hp)
+    devices = plan_devices(params, hp)
+    model = load_model(header, hp, weight_placement(devices, params))
+
+    def kv_buft(il: int):
+        # llama_kv_cache: the layer's device buffer type with offload_kqv, else the CPU buffer type
+        return devices.layer_backend[il].buft if cp.offload_kqv else devices.cpu.buft
+
+    # the cache is created before the FA probe: "auto" still counts as on (v_trans = !flash_attn)
+    kv = create_kv_cache(hp, cp.type_k, cp.type_v, not cp.flash_attn, cp.n_ctx_seq, cp.n_seq_max,
+                         cp.kv_unified, kv_buft)
+    # output_reserve(n_seq_max): logits for n_seq_max outputs, f32
+    output_size = hp.n_vocab * cp.n_seq_max * 4
+    backend_bufts = [b.buft for b in devices.backends]
+    sched = Sched(devices.backends, backend_bufts, parallel=False, op_offload=cp.op_offload)
+    return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size)
+
+
+def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
+    """llama_model::build_graph for the reserve ubatch, with graph_get_cb's pins."""
+    sched, devices = ctx.sched, ctx.devices
+    full_offload = devices.n_gpu_layers > ctx.hparams.n_layer
+
+    def pin(t: ggml.Tensor, il: int) -> None:
+        if ubatch.n_tokens < 32 or full_offload:
+            backend = devices.layer_backend[il]
+            if backend.supports_op(t):
+                sched.set_tensor_backend(t, devices.backend_index(backend))
+
+    def pin_cpu(t: ggml.Tensor) -> None:
+        sched.set_tensor_backend(t, devices.backend_index(devices.cpu))
+
+    g = GraphContext(ctx.model, ctx.cparams, ctx.kv, ubatch, n_kv=ctx.kv.kv_size, pin=pin, pin_cpu=pin_cpu)
+    ARCH_BUILDERS[ctx.hparams.arch](g)
+    g.set_outputs()
+    return g
+
+
+def graph_reserve(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False) -> GraphContext:
+    """llama_context::graph_reserve"""
+    if n_tokens % n_seqs != 0:
+        n_tokens = (n_tokens + n_seqs - 1) // n_seqs * n_seqs
+    ctx.sched.reset()
+    g = build_graph(ctx, Ubatch(n_tokens, n_seqs, n_seqs, n_outputs))
+    if split_only:
+        ctx.sched.split_graph(g.gf)
+    else:
+        ctx.sched.reserve(g.gf)
+    return g
+
+
+def resolve_flash_attn(ctx: Context) -> None:
+    """resolve_fused_ops for "auto": FA stays on only if every FLASH_ATTN_EXT runs on its layer's device."""
+    cp = ctx.cparams
+    if not cp.auto_fa:
+        return
+    n_seqs = cp.n_seq_max
+    g = graph_reserve(ctx, 1 * n_seqs, n_seqs, 1 * n_seqs, split_only=True)
+    layer = 0
+    for node in g.gf.nodes:
+        if node.op != "FLASH_ATTN_EXT":
+            continue
+        backend = ctx.sched.tensor_backend(node)
+        if backend is not ctx.devices.layer_backend[layer]:
+            cp.flash_attn = False
+            break
+        layer += 1
+    cp.auto_fa = False
+    if not cp.flash_attn and ggml.is_quantized(cp.type_v):
+        from schedplan.planner.cparams import BadParams
+        raise BadParams("quantized V cache was requested, but this requires Flash Attention")
+
+
+def sched_reserve(ctx: Context) -> tuple[GraphContext, dict[str, GraphStats]]:
+    cp = ctx.cparams
+    n_seqs = cp.n_seq_max
+    n_tokens = min(cp.n_ctx, cp.n_ubatch)
+    resolve_flash_attn(ctx)
+    n_outputs_pp = min(n_tokens, cp.n_outputs_max)
+    stats = {}
+    for name, (nt, ns, no) in (("pp", (n_tokens, n_seqs, n_outputs_pp)), ("tg", (n_seqs, n_seqs, n_seqs))):
+        g = graph_reserve(ctx, nt, ns, no)
+        stats[name] = GraphStats(g.ubatch.n_tokens, ns, no, len(g.gf.nodes), ctx.sched.n_splits,
+                                 _buffer_sizes(ctx, ctx.sched.last_reserve_sizes()))
+    g = graph_reserve(ctx, n_tokens, n_seqs, n_outputs_pp)
+    return g, stats
+
+
+def _buffer_sizes(ctx: Context, per_backend: list[int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for backend, size in zip(ctx.devices.backends, per_backend):
+        if size > 1:
+            out[ctx.sched.buffer_type(ctx.devices.backend_index(backend)).name] = size
+    return out
+
+
+def reserve(model_path: str, params: Params, tensors: bool = False, graph: str = "pp") -> dict:
+    """Plan everything llama.cpp reserves for this model and these parameters, as a JSON-able dict."""
+    ctx = create_context(model_path, params)
+    final_pp, stats = sched_reserve(ctx)
+    compute = _buffer_sizes(ctx, [ctx.sched.get_buffer_size(i) for i in range(len(ctx.devices.backends))])
+    result = {
+        "schema": SCHEMA,
+        "source": "plan",
+        "llama_cpp": {"commit": LLAMA_CPP_COMMIT},
+        "model": model_summary(ctx),
+        "params": effective_params(ctx),
+        "compute_buffers": compute,
+        "graphs": {name: vars(s) for name, s in stats.items()},
+        "kv_buffers": {name: b.size for name, b in ctx.kv.buffers.items()},
+        "output_buffers": {ctx.devices.cpu.buft.name: ctx.output_buffer_size},
+        "model_buffers": _sum_by_buft(ctx.model.buffers),
+    }
+    if tensors:
+        g = final_pp if graph == "pp" else graph_reserve(ctx, ctx.cparams.n_seq_max, ctx.cparams.n_seq_max,
+                                                         ctx.cparams.n_seq_max)
+        result["tensors"] = tensor_listing(ctx)
+    return result
+
+
+def _sum_by_buft(buffers) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for b in buffers:
+        out[b.buft.name] = out.get(b.buft.name, 0) + b.size
+    return out
+
+
+def model_summary(ctx: Context) -> dict:
+    hp = ctx.hparams
+    return {"path": ctx.path, "arch": hp.arch, "n_layer": hp.n_layer, "n_embd": hp.n_embd,
+            "n_head": hp.n_head[0], "n_head_kv": hp.n_head_kv[0], "n_vocab": hp.n_vocab,
+            "n_ctx_train": hp.n_ctx_train}
+
+
+def effective_params(ctx: Context) -> dict:
+    cp = ctx.cparams
+    return {"n_ctx": cp.n_ctx, "n_ctx_seq": cp.n_ctx_seq, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
+            "n_seq_max": cp.n_seq_max, "n_outputs_max": cp.n_outputs_max, "kv_unified": cp.kv_unified,
+            "flash_attn": cp.flash_attn, "type_k": ggml.type_name(cp.type_k), "type_v": ggml.type_name(cp.type_v),
+            "n_gpu_layers": ctx.devices.n_gpu_layers, "sched_copies": ctx.sched.n_copies,
+            "devices": [b.name for b in ctx.devices.model_devices()]}
+
+
+def tensor_listing(ctx: Context) -> list[dict]:
+    """Every tensor of the scheduler's copy of the last reserved graph: nodes, then leafs."""
+    sched = ctx.sched
+    rows = []
+    for kind, tensors in (("node", sched.graph.nodes), ("leaf", sched.graph.leafs)):
+        for i, t in enumerate(tensors):
+            buffer, offset = sched.tensor_location(t)
+            rows.append({"index": i if kind == "node" else None, "kind": kind, "name": t.name, "op": t.op,
+                         "ne": list(t.ne), "type": ggml.type_name(t.type),
+                         "backend": sched.tensor_backend_name(t), "buffer": buffer, "offset": offset,
+                         "size": t.nbytes, "view_of": t.view_src.name if t.view_src is not None else None})
+    return rows

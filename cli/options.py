@@ -88,3 +88,14 @@ def plan_options(func: Callable) -> Callable:
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
+
+
+def parse_params(args: list[str]) -> Params:
+    """Params from llama.cpp-style flags, parsed exactly as the CLI parses them."""
+
+    @click.command()
+    @plan_options
+    def _collect(params: Params) -> Params:
+        return params
+
+    return _collect.main(list(args), standalone_mode=False)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from schedplan.backends.types import BufferType
 
 # ggml.h enum ggml_tensor_flag
-FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS, FLAG_COMPUTE = 1, 2, 4, 8, 16
+FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS = 1, 2, 4, 8
 
 # ops that only make a view of src[0] (ggml_op_is_view / ggml_is_view_op in ggml-impl.h)
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
@@ -31,12 +31,15 @@ def type_by_name(name: str) -> int:
     return int(T[name.upper()])
 
 
+_SIZES = {int(t): sizes for t, sizes in GGML_QUANT_SIZES.items()}   # type -> (block size, type size)
+
+
 def blck_size(t: int) -> int:
-    return GGML_QUANT_SIZES[T(t)][0]
+    return _SIZES[t][0]
 
 
 def type_size(t: int) -> int:
-    return GGML_QUANT_SIZES[T(t)][1]
+    return _SIZES[t][1]
 
 
 def row_size(t: int, ne0: int) -> int:
@@ -49,8 +52,8 @@ def is_quantized(t: int) -> bool:
 
 
 def contiguous_nb(t: int, ne: tuple[int, ...]) -> tuple[int, int, int, int]:
-    nb0 = type_size(t)
-    nb1 = nb0 * (ne[0] // blck_size(t))
+    bs, nb0 = _SIZES[t]
+    nb1 = nb0 * (ne[0] // bs)
     nb2 = nb1 * ne[1]
     nb3 = nb2 * ne[2]
     return (nb0, nb1, nb2, nb3)
@@ -64,7 +67,7 @@ class Buffer:
     size: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Tensor:
     type: int
     ne: tuple[int, int, int, int]
@@ -129,9 +132,8 @@ def _fmt(name: str) -> str:
     return name[:GGML_MAX_NAME - 1]
 
 
-def _ne4(ne) -> tuple[int, int, int, int]:
-    ne = tuple(int(n) for n in ne)
-    return ne + (1,) * (4 - len(ne))
+def _ne4(ne: tuple[int, ...]) -> tuple[int, int, int, int]:
+    return tuple(ne) + (1,) * (4 - len(ne)) if len(ne) < 4 else tuple(ne)
 
 
 def new_tensor(type_: int, *ne: int, view_src: Tensor | None = None, view_offs: int = 0) -> Tensor:
@@ -308,57 +310,41 @@ class Cgraph:
         return len(self.nodes)
 
 
-def _visit_parents(g: Cgraph, node: Tensor, compute: bool) -> None:
-    """ggml_visit_parents_graph (ggml.c): post-order over src left to right; leafs vs nodes."""
-    stack: list[tuple[Tensor, int]] = [(node, 0)]
-    if node.op != "NONE" and compute:
-        node.flags |= FLAG_COMPUTE
-    if id(node) in g.visited:
-        _update_compute(node, compute)
+def _visit_parents(g: Cgraph, node: Tensor) -> None:
+    """ggml_visit_parents_graph (ggml.c): post-order over src left to right; leafs vs nodes.
+
+    The COMPUTE flag it also sets only steers backends' compute loops, so it is not modelled.
+    """
+    visited = g.visited
+    if id(node) in visited:
         return
-    g.visited.add(id(node))
+    visited.add(id(node))
+    stack = [(node, iter(node.src))]
     while stack:
-        t, i = stack.pop()
-        while i < len(t.src) and t.src[i] is None:
-            i += 1
-        if i < len(t.src):
-            stack.append((t, i + 1))
-            s = t.src[i]
-            if s.op != "NONE" and compute:
-                s.flags |= FLAG_COMPUTE
-            if id(s) in g.visited:
-                _update_compute(s, compute)
-            else:
-                g.visited.add(id(s))
-                stack.append((s, 0))
-            continue
-        if t.op == "NONE" and not (t.flags & FLAG_PARAM):
-            if not t.name:
-                t.name = f"leaf_{len(g.leafs)}"
-            g.leafs.append(t)
+        t, srcs = stack[-1]
+        for s in srcs:
+            if s is not None and id(s) not in visited:
+                visited.add(id(s))
+                stack.append((s, iter(s.src)))
+                break
         else:
-            if not t.name:
-                t.name = f"node_{len(g.nodes)}"
-            g.nodes.append(t)
-
-
-def _update_compute(node: Tensor, compute: bool) -> None:
-    """An already visited node: propagate the compute flag to srcs that lack it."""
-    if not compute:
-        return
-    for s in node.src:
-        if s is not None and not (s.flags & FLAG_COMPUTE):
-            if s.op != "NONE":
-                s.flags |= FLAG_COMPUTE
-            _update_compute(s, True)
+            stack.pop()
+            if t.op == "NONE" and not (t.flags & FLAG_PARAM):
+                if not t.name:
+                    t.name = f"leaf_{len(g.leafs)}"
+                g.leafs.append(t)
+            else:
+                if not t.name:
+                    t.name = f"node_{len(g.nodes)}"
+                g.nodes.append(t)
 
 
 def build_forward_expand(g: Cgraph, t: Tensor) -> None:
-    _visit_parents(g, t, True)
+    _visit_parents(g, t)
 
 
 def build_forward_select(g: Cgraph, tensors: list[Tensor], idx: int) -> Tensor:
-    """ggml_build_forward_select: every candidate enters the graph, only idx is flagged compute."""
-    for i, t in enumerate(tensors):
-        _visit_parents(g, t, i == idx)
+    """ggml_build_forward_select: every candidate enters the graph (only idx is computed)."""
+    for t in tensors:
+        _visit_parents(g, t)
     return tensors[idx]

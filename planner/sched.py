@@ -142,7 +142,7 @@ class Sched:
         alloc_deps = self._optimize_splits(graph)
         self._copy_graph(graph, alloc_deps)
 
-    # --- pass 1: backends from pre-allocated tensors (B:1083-1122) ---------------------------------
+    # --- pass 1: backends from pre-allocated tensors (B:1087-1122) ---------------------------------
 
     def _assign_from_cur(self, graph: Cgraph) -> None:
         ids = self.hv_tensor_backend_ids
@@ -167,7 +167,7 @@ class Sched:
         """ggml_backend_sched_backend_id_from_cur (B:921-985)."""
         buffer = tensor.view_src.buffer if tensor.view_src is not None else tensor.buffer
         if buffer is not None:
-            # B:923 "1.dst"; the "1.vsrc" retry (B:928-934) with view_src reads the same buffer
+            # B:923 "1.dst"; the "1.vsrc" retry (B:929-935) with view_src reads the same buffer
             # (a view_src is always a root) for the same op, so it cannot answer differently
             cur = self._backend_from_buffer(tensor, tensor)
             if cur != -1:
@@ -176,7 +176,7 @@ class Sched:
                                f"that cannot run the operation ({tensor.op})")
         if tensor.flags & FLAG_INPUT:
             return self.n_backends - 1    # last backend (assumed CPU)
-        # ROPE (freq factors) and FLASH_ATTN_EXT (sinks) are not placed by their small weights (B:957-961)
+        # ROPE (freq factors) and FLASH_ATTN_EXT (sinks) are not placed by their small weights (B:955-960)
         if tensor.op == "ROPE" or tensor.op == "FLASH_ATTN_EXT":
             return -1
         for src in tensor.src:
@@ -184,7 +184,7 @@ class Sched:
             if src is None or src.buffer is None or src.buffer.usage != "weights":
                 continue
             src_backend_id = self._backend_from_buffer(src, tensor)
-            # a higher prio backend may want to run an op whose weight is in host memory (B:972-979)
+            # a higher prio backend may want to run an op whose weight is in host memory (B:969-977)
             if self.op_offload and src_backend_id == self.n_backends - 1 and src.buffer.buft.is_host:
                 for b in range(src_backend_id):
                     if self.backends[b].supports_op(tensor) and self.backends[b].offload_op(tensor):
@@ -192,7 +192,7 @@ class Sched:
             return src_backend_id     # the first weight decides, even when it is -1
         return -1
 
-    # --- pass 2: expand assignments to neighbouring nodes (B:1124-1206) ----------------------------
+    # --- pass 2: expand assignments to neighbouring nodes (B:1124-1202) ----------------------------
 
     def _expand(self, nodes: Iterable[Tensor], skip_cpu: bool) -> None:
         """One sweep: unassigned nodes take the last assigned backend if it supports them.
@@ -212,7 +212,7 @@ class Sched:
             elif cur != -1 and self.backends[cur].supports_op(node):
                 ids[node] = cur
 
-    # --- pass 3: upgrades and most supported inputs (B:1208-1265) ----------------------------------
+    # --- pass 3: upgrades and most supported inputs (B:1204-1263) ----------------------------------
 
     def _upgrade_or_best(self, nodes: list[Tensor]) -> None:
         ids = self.hv_tensor_backend_ids
@@ -231,7 +231,7 @@ class Sched:
                     for src in node.src:
                         if src is None:
                             continue
-                        # C: tensor_backend_id(src->view_src) hashes NULL for non-views: -1 (B:1237)
+                        # C: tensor_backend_id(src->view_src) hashes NULL for non-views: -1 (B:1229)
                         assigned = ids.get(src, -1) != -1 or (
                             src.view_src is not None and ids.get(src.view_src, -1) != -1)
                         if assigned and self._buffer_supported(src, cand):
@@ -262,7 +262,7 @@ class Sched:
             buft = self.bufts[tensor_backend_id]
         return self.backends[backend_id].supports_buft(buft)
 
-    # --- pass 4: views and srcs (B:1267-1296) ------------------------------------------------------
+    # --- pass 4: views and srcs (B:1265-1295) ------------------------------------------------------
 
     def _assign_srcs(self, nodes: list[Tensor]) -> None:
         ids = self.hv_tensor_backend_ids
@@ -282,7 +282,7 @@ class Sched:
                     cur = ids[node] = b
             assert cur != -1, f"no backend supports {node.op} ({node.name})"
 
-    # --- pass 5: splits and split inputs (B:1298-1416) ---------------------------------------------
+    # --- pass 5: splits and split inputs (B:1297-1401) ---------------------------------------------
 
     def _make_splits(self, nodes: list[Tensor]) -> None:
         ids = self.hv_tensor_backend_ids
@@ -300,7 +300,7 @@ class Sched:
             node_backend_id = ids[node]
             assert node_backend_id != -1, f"{node.name} has no backend (no CPU fallback?)"
             # a weight on another, incompatible backend starts a new split so that the memory of
-            # previously copied weights can be reused; only once the split has inputs (B:1328-1345)
+            # previously copied weights can be reused; only once the split has inputs (B:1323-1341)
             need_new_split = False
             if node_backend_id == cur_backend_id and split.inputs:
                 for src in node.src:
@@ -330,7 +330,7 @@ class Sched:
         split.i_end = len(nodes)
 
     def _copy_of(self, t: Tensor, backend_id: int, c: int, input_output: bool) -> Tensor:
-        """ggml_dup_tensor_layout named "<backend>#<name>#<copy>" (B:1380-1385, 1435-1437)."""
+        """ggml_dup_tensor_layout named "<backend>#<name>#<copy>" (B:1379-1385, 1429-1434)."""
         cpy = ggml.dup_tensor(t)
         cpy.nb = t.nb
         cpy.name = ggml._fmt(f"{self.backends[backend_id].name}#{t.name}#{c}")
@@ -338,11 +338,11 @@ class Sched:
             cpy.flags |= FLAG_INPUT | FLAG_OUTPUT   # keeps ggml-alloc from overwriting the copy
         return cpy
 
-    # --- pass 6: pipeline-parallel copies of every INPUT leaf (B:1422-1456) ------------------------
+    # --- pass 6: pipeline-parallel copies of every INPUT leaf (B:1407-1446) ------------------------
 
     def _collect_graph_inputs(self, leafs: list[Tensor]) -> None:
         """With n_copies > 1 every INPUT leaf (used or not) gets n_copies copies on its backend; the
-        current copy is the leaf itself, which so gains FLAG_OUTPUT too (B:1431-1441)."""
+        current copy is the leaf itself, which so gains FLAG_OUTPUT too (B:1424-1436)."""
         self.graph_inputs = []
         if self.n_copies == 1:
             return
@@ -360,7 +360,7 @@ class Sched:
                 self.hv_tensor_copies[key] = cps
             self.graph_inputs.append(leaf)
 
-    # --- per-backend graph_optimize (B:1458-1479) --------------------------------------------------
+    # --- per-backend graph_optimize (B:1456-1479) --------------------------------------------------
 
     def _optimize_splits(self, graph: Cgraph) -> dict[Tensor, list[Tensor]]:
         """Each split's backend may reorder its nodes and add allocation deps: {until: [tensors]}."""
@@ -380,7 +380,7 @@ class Sched:
                 graph.nodes[split.i_start:split.i_end] = view
         return alloc_deps
 
-    # --- the graph copy (B:1481-1598) ----------------------------------------------------------
+    # --- the graph copy (B:1481-1599) ----------------------------------------------------------
 
     def _copy_graph(self, graph: Cgraph, alloc_deps: dict[Tensor, list[Tensor]]) -> None:
         ids = self.hv_tensor_backend_ids
@@ -413,14 +413,14 @@ class Sched:
                     nodes.append(dep)
                     node_ids.append(split.backend_id)
                     n_dep_nodes_added += 1
-        # a dep whose `until` is not a node of the optimized graph (B:1572)
+        # a dep whose `until` is not a node of the optimized graph (B:1561)
         assert n_dep_nodes_added == n_dep_nodes
 
         leafs: list[Tensor] = []
         leaf_ids: list[int] = []
         if self.n_copies > 1:
             # input copies first, so that they are allocated first: the current copy of an INPUT
-            # leaf is the leaf itself, which therefore appears twice in the leafs (B:1574-1602)
+            # leaf is the leaf itself, which therefore appears twice in the leafs (B:1563-1599)
             for inp in self.graph_inputs:
                 backend_id = ids[inp]
                 leafs.extend(copies[(inp, backend_id)])

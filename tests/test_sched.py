@@ -1,8 +1,8 @@
 """planner/sched.py against ggml_backend_sched_split_graph (ggml-backend.cpp, "B:" lines of 0c1e57098).
 
 Every expectation is derived by hand from the C in the comments next to it: pass 1 (from_cur,
-B:921-985, 1083-1122), pass 2 (four sweeps, B:1124-1206), pass 3 (B:1208-1265), pass 4 (B:1267-1296),
-pass 5 (B:1298-1416), pass 6 (B:1422-1456) and the graph copy (B:1481-1598).
+B:921-985, 1087-1122), pass 2 (four sweeps, B:1124-1202), pass 3 (B:1204-1263), pass 4 (B:1265-1295),
+pass 5 (B:1297-1401), pass 6 (B:1407-1446) and the graph copy (B:1481-1599).
 Graph order follows ggml_visit_parents: post-order, srcs left to right, so mul_mat(w, x) visits
 the weight w first and w is the first leaf.
 """
@@ -149,7 +149,7 @@ def test_op_offload_streams_host_weights_to_gpu():
     assert [sched.get_tensor_backend(n).name for n in g.nodes] == ["CPU", "GPU0", "GPU0"]
     # pass 5: x0 opens a GPU split, copying blk.0.w and tok_rows; x1 is on the same backend but the
     #   split has inputs and its weight blk.1.w is on another backend whose buft the GPU can't use
-    #   -> need_new_split (B:1328-1345): a third split that only copies blk.1.w
+    #   -> need_new_split (B:1323-1341): a third split that only copies blk.1.w
     assert splits_of(sched) == [("CPU", 0, 1, []), ("GPU0", 1, 2, ["blk.0.w", "tok_rows"]),
                                 ("GPU0", 2, 3, ["blk.1.w"])]
     assert names(x0.src) == ["GPU0#blk.0.w#0", "GPU0#tok_rows#0"]
@@ -290,7 +290,7 @@ def test_upgrade_to_higher_prio_backend_with_the_same_buft():
 
 
 def test_rope_is_not_placed_by_its_weight():
-    # B:957-961: ROPE skips the weights rule; MUL with the same srcs follows the GPU weight
+    # B:955-960: ROPE skips the weights rule; MUL with the same srcs follows the GPU weight
     gpu = gpu_backend()
     tok_embd = weight("token_embd.weight", cpu.cpu_mapped_buft(), 64, 100)
     x = named(ggml.get_rows(tok_embd, inp("inp_tokens", I32, 4)), "x")

@@ -72,13 +72,13 @@ def buffers_table(result: dict) -> str:
     totals = [sum(result.get(key, {}).values()) for _, key in kinds]
     rows.append(["total", *(mib(s) for s in totals), mib(sum(totals)), f"{sum(totals):,}"])
     headers = ["buffer type", *(f"{k} MiB" for k, _ in kinds), "total MiB", "total bytes"]
-    return tabulate(rows, headers=headers, disablenumparse=True, colalign=("left",) + ("right",) * 6)
+    return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left",) + ("right",) * 6)
 
 
 def graphs_table(result: dict) -> str:
     g = result["graphs"]
     rows = [[key, g["pp"][key], g["tg"][key]] for key in ("n_tokens", "n_seqs", "n_outputs", "nodes", "splits")]
-    return tabulate(rows, headers=["graph", "pp", "tg"], disablenumparse=True)
+    return tabulate(rows, headers=["graph", "pp", "tg"], disable_numparse=True)
 
 
 def tensors_table(tensors: list[dict]) -> str:
@@ -86,4 +86,4 @@ def tensors_table(tensors: list[dict]) -> str:
              t["type"], t.get("backend") or "", t["buffer"] or "", t["offset"] if t["offset"] is not None else "",
              t["size"], "*" if t.get("at_peak") else ""] for t in tensors]
     return tabulate(rows, headers=["#", "name", "op", "ne", "type", "backend", "buffer", "offset", "size", "peak"],
-                    disablenumparse=True)
+                    disable_numparse=True)

@@ -111,7 +111,7 @@ def resolve_flash_attn(ctx: Context) -> None:
     for node in g.gf.nodes:
         if node.op != "FLASH_ATTN_EXT":
             continue
-        backend = ctx.sched.tensor_backend(node)
+        backend = ctx.sched.get_tensor_backend(node)
         if backend is not ctx.devices.layer_backend[layer]:
             cp.flash_attn = False
             break
@@ -122,7 +122,7 @@ def resolve_flash_attn(ctx: Context) -> None:
         raise BadParams("quantized V cache was requested, but this requires Flash Attention")
 
 
-def sched_reserve(ctx: Context) -> tuple[GraphContext, dict[str, GraphStats]]:
+def sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     cp = ctx.cparams
     n_seqs = cp.n_seq_max
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
@@ -132,23 +132,31 @@ def sched_reserve(ctx: Context) -> tuple[GraphContext, dict[str, GraphStats]]:
     for name, (nt, ns, no) in (("pp", (n_tokens, n_seqs, n_outputs_pp)), ("tg", (n_seqs, n_seqs, n_seqs))):
         g = graph_reserve(ctx, nt, ns, no)
         stats[name] = GraphStats(g.ubatch.n_tokens, ns, no, len(g.gf.nodes), ctx.sched.n_splits,
-                                 _buffer_sizes(ctx, ctx.sched.last_reserve_sizes()))
-    g = graph_reserve(ctx, n_tokens, n_seqs, n_outputs_pp)
-    return g, stats
+                                 _buffer_sizes(ctx, _graph_alone_sizes(ctx)))
+    graph_reserve(ctx, n_tokens, n_seqs, n_outputs_pp)
+    return stats
+
+
+def _graph_alone_sizes(ctx: Context) -> list[int]:
+    """What the last reserved graph needs per backend (its allocator's chunks), before buffers
+    keep the running maximum; 0 for a backend whose buffer type an earlier backend already counts."""
+    tallocs = ctx.sched.galloc.buf_tallocs
+    return [0 if any(tallocs[j] is t for j in range(i)) else t.size for i, t in enumerate(tallocs)]
 
 
 def _buffer_sizes(ctx: Context, per_backend: list[int]) -> dict[str, int]:
+    """Per buffer type name, the sizes llama.cpp would log (only those > 1 byte)."""
     out: dict[str, int] = {}
-    for backend, size in zip(ctx.devices.backends, per_backend):
+    for i, size in enumerate(per_backend):
         if size > 1:
-            out[ctx.sched.buffer_type(ctx.devices.backend_index(backend)).name] = size
+            out[ctx.sched.get_buffer_type(i).name] = size
     return out
 
 
 def reserve(model_path: str, params: Params, tensors: bool = False, graph: str = "pp") -> dict:
     """Plan everything llama.cpp reserves for this model and these parameters, as a JSON-able dict."""
     ctx = create_context(model_path, params)
-    final_pp, stats = sched_reserve(ctx)
+    stats = sched_reserve(ctx)
     compute = _buffer_sizes(ctx, [ctx.sched.get_buffer_size(i) for i in range(len(ctx.devices.backends))])
     result = {
         "schema": SCHEMA,
@@ -163,8 +171,9 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         "model_buffers": _sum_by_buft(ctx.model.buffers),
     }
     if tensors:
-        g = final_pp if graph == "pp" else graph_reserve(ctx, ctx.cparams.n_seq_max, ctx.cparams.n_seq_max,
-                                                         ctx.cparams.n_seq_max)
+        if graph == "tg":
+            n_seqs = ctx.cparams.n_seq_max
+            graph_reserve(ctx, n_seqs, n_seqs, n_seqs)
         result["tensors"] = tensor_listing(ctx)
     return result
 
@@ -193,14 +202,34 @@ def effective_params(ctx: Context) -> dict:
 
 
 def tensor_listing(ctx: Context) -> list[dict]:
-    """Every tensor of the scheduler's copy of the last reserved graph: nodes, then leafs."""
-    sched = ctx.sched
+    """Every tensor of the scheduler's copy of the last reserved graph (nodes, then leafs), with
+    its backend, buffer and offset; `at_peak` marks the tensors alive at their buffer's peak."""
+    sched, galloc = ctx.sched, ctx.sched.galloc
+    at_peak = set()
+    for i in range(len(ctx.devices.backends)):
+        peak = galloc.peak(i)
+        if peak is not None:
+            at_peak.update(id(t) for t in peak.tensors)
     rows = []
-    for kind, tensors in (("node", sched.graph.nodes), ("leaf", sched.graph.leafs)):
-        for i, t in enumerate(tensors):
-            buffer, offset = sched.tensor_location(t)
-            rows.append({"index": i if kind == "node" else None, "kind": kind, "name": t.name, "op": t.op,
-                         "ne": list(t.ne), "type": ggml.type_name(t.type),
-                         "backend": sched.tensor_backend_name(t), "buffer": buffer, "offset": offset,
-                         "size": t.nbytes, "view_of": t.view_src.name if t.view_src is not None else None})
+    for kind, tensors, backend_ids in (("node", sched.graph.nodes, sched.node_backend_ids),
+                                       ("leaf", sched.graph.leafs, sched.leaf_backend_ids)):
+        for i, (t, backend_id) in enumerate(zip(tensors, backend_ids)):
+            buffer, offset = tensor_location(ctx, t)
+            rows.append({"index": i, "kind": kind, "name": t.name, "op": t.op, "ne": list(t.ne),
+                         "type": ggml.type_name(t.type),
+                         "backend": ctx.devices.backends[backend_id].name if backend_id >= 0 else None,
+                         "buffer": buffer, "offset": offset, "size": t.nbytes,
+                         "view_of": t.view_src.name if t.view_src is not None else None,
+                         "at_peak": id(t) in at_peak})
     return rows
+
+
+def tensor_location(ctx: Context, t: ggml.Tensor) -> tuple[Optional[str], Optional[int]]:
+    """(buffer type name, offset): from gallocr for compute tensors, else the tensor's own buffer."""
+    alloc = ctx.sched.galloc.tensor_alloc(t)
+    if alloc is not None:
+        return ctx.sched.get_buffer_type(alloc.buffer_id).name, alloc.offset
+    base = t.view_src if t.view_src is not None else t
+    if base.buffer is None:
+        return None, None
+    return base.buffer.buft.name, base.offset + (t.view_offs if t.view_src is not None else 0)

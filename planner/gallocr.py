@@ -1,0 +1,386 @@
+"""The graph allocator: ggml/src/ggml-alloc.c (llama.cpp 0c1e57098), offsets only.
+
+ggml_dyn_tallocr hands out (chunk, offset) addresses from free lists; ggml_gallocr walks a graph,
+allocating each tensor before its first use and freeing it after its last, and sizes one virtual
+buffer (a list of chunks) per buffer id. Backend buffers are assumed to be exactly the size asked
+for (ggml_backend_buffer_init stores `size` as given for the CPU, CUDA and RPC buffer types).
+Line numbers refer to ggml-alloc.c.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+from schedplan.backends.types import SIZE_MAX, BufferType
+from schedplan.planner.ggml import FLAG_INPUT, FLAG_OUTPUT, Cgraph, Tensor
+
+MAX_FREE_BLOCKS = 256
+GGML_VBUFFER_MAX_CHUNKS = 16
+INT64_MIN = -2**63
+
+# ggml_op_can_inplace (1-51)
+CAN_INPLACE = frozenset({
+    "FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB", "MUL", "DIV",
+    "SQR", "SQRT", "LOG", "UNARY", "ROPE", "ROPE_BACK", "SILU_BACK", "RMS_NORM", "RMS_NORM_BACK",
+    "CLAMP", "SOFT_MAX", "SOFT_MAX_BACK",
+})
+
+
+def aligned_size(size: int, alignment: int) -> int:
+    """aligned_offset(NULL, size, alignment): size rounded up to the alignment."""
+    return size + (-size) % alignment
+
+
+# --- ggml_dyn_tallocr ---------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class FreeBlock:
+    offset: int
+    size: int
+
+
+@dataclass(slots=True)
+class TallocrChunk:
+    free_blocks: list[FreeBlock]   # sorted by offset
+    max_size: int = 0              # highest end ever allocated: the chunk's buffer size
+
+
+@dataclass(eq=False)
+class Peak:
+    """The moment a dyn_tallocr's size (sum of its chunks' max_size) last grew."""
+    node: int               # index in graph.nodes; -1 while leafs and inputs are allocated
+    size: int
+    tensors: list[Tensor]   # tensors holding memory in the allocator then (in-place: the last owner)
+
+
+@dataclass(eq=False)
+class DynTallocr:
+    alignment: int
+    max_chunk_size: int
+    chunks: list[TallocrChunk] = field(default_factory=list)
+    size: int = 0                                              # sum of chunks' max_size
+    live: dict[int, Tensor] = field(default_factory=dict)      # like GGML_ALLOCATOR_DEBUG's allocated_tensors
+    peak: Optional[Peak] = None
+
+
+def dyn_tallocr_new(alignment: int, max_buffer_size: int) -> DynTallocr:
+    return DynTallocr(alignment, min(max_buffer_size, SIZE_MAX // 2))
+
+
+def dyn_tallocr_reset(alloc: DynTallocr) -> None:
+    alloc.chunks = []
+    alloc.size = 0
+    alloc.live = {}
+    alloc.peak = None
+
+
+def dyn_tallocr_insert_block(chunk: TallocrChunk, offset: int, size: int) -> None:
+    blocks = chunk.free_blocks
+    if len(blocks) >= MAX_FREE_BLOCKS:
+        raise RuntimeError("ggml_dyn_tallocr_insert_block: out of free blocks")
+    pos = 0
+    while pos < len(blocks) and blocks[pos].offset < offset:
+        pos += 1
+    blocks.insert(pos, FreeBlock(offset, size))
+
+
+def dyn_tallocr_new_chunk(alloc: DynTallocr, min_size: int) -> int:
+    """ggml_dyn_tallocr_new_chunk (160-178): the 16th chunk is virtually endless (SIZE_MAX/2)."""
+    n = len(alloc.chunks)
+    if n >= GGML_VBUFFER_MAX_CHUNKS:
+        return -1
+    size = SIZE_MAX // 2 if n == GGML_VBUFFER_MAX_CHUNKS - 1 else max(min_size, alloc.max_chunk_size)
+    alloc.chunks.append(TallocrChunk([FreeBlock(0, size)]))
+    return n
+
+
+def dyn_tallocr_alloc(alloc: DynTallocr, size: int) -> tuple[int, int]:
+    """ggml_dyn_tallocr_alloc (202-309); returns (chunk, offset).
+
+    1. Best fit over every chunk's free blocks except its last; best_fit_size restarts at SIZE_MAX
+       for each chunk (214) and the test is `<=` (218), so ties, and any fit in a later chunk, win.
+    2. Else the last block of each chunk, ranked by reuse factor max_size - offset - size: the first
+       non-negative one that is smallest, else the least negative (grows the chunk least).
+    3. Else a new chunk.
+    """
+    size = aligned_size(size, alloc.alignment)
+    chunks = alloc.chunks
+    best_chunk = best_block = -1
+    for c, chunk in enumerate(chunks):
+        blocks = chunk.free_blocks
+        best_fit_size = SIZE_MAX
+        for i in range(len(blocks) - 1):
+            bsize = blocks[i].size
+            if size <= bsize <= best_fit_size:
+                best_chunk, best_block, best_fit_size = c, i, bsize
+
+    if best_block == -1:
+        best_reuse = INT64_MIN
+        for c, chunk in enumerate(chunks):
+            blocks = chunk.free_blocks
+            if blocks:
+                block = blocks[-1]
+                reuse = chunk.max_size - block.offset - size
+                better_reuse = best_reuse < 0 and reuse > best_reuse
+                better_fit = 0 <= reuse < best_reuse
+                if block.size >= size and (better_reuse or better_fit):
+                    best_chunk, best_block, best_reuse = c, len(blocks) - 1, reuse
+
+    if best_block == -1:
+        best_chunk = dyn_tallocr_new_chunk(alloc, size)
+        best_block = 0
+    if best_chunk == -1:
+        raise RuntimeError(f"graph allocation: failed to reserve memory ({size} bytes)")
+
+    chunk = chunks[best_chunk]
+    block = chunk.free_blocks[best_block]
+    offset = block.offset
+    block.offset += size
+    block.size -= size
+    if block.size == 0:
+        del chunk.free_blocks[best_block]
+    end = offset + size
+    if end > chunk.max_size:
+        alloc.size += end - chunk.max_size
+        chunk.max_size = end
+    return best_chunk, offset
+
+
+def dyn_tallocr_free_bytes(alloc: DynTallocr, chunk_id: int, offset: int, size: int) -> None:
+    """ggml_dyn_tallocr_free_bytes (312-350): merge with the block ending at offset (and then the
+    next one), or the block starting at its end, else insert a new block.
+
+    The C's second merge, with the block before one that starts at our end (338-344), cannot
+    happen: that previous block would end at `offset` and have matched the first test already.
+    """
+    size = aligned_size(size, alloc.alignment)
+    chunk = alloc.chunks[chunk_id]
+    blocks = chunk.free_blocks
+    for i, block in enumerate(blocks):
+        if block.offset + block.size == offset:
+            block.size += size
+            if i < len(blocks) - 1:
+                nxt = blocks[i + 1]
+                if block.offset + block.size == nxt.offset:
+                    block.size += nxt.size
+                    del blocks[i + 1]
+            return
+        if offset + size == block.offset:
+            block.offset = offset
+            block.size += size
+            return
+    dyn_tallocr_insert_block(chunk, offset, size)
+
+
+# --- ggml_gallocr -------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class HashNode:
+    """struct hash_node, plus `size`: the alloc size under bufts[buffer_id], cached."""
+    n_children: int = 0
+    n_views: int = 0
+    buffer_id: int = 0
+    chunk: int = 0
+    offset: int = 0
+    size: int = 0
+    allocated: bool = False
+
+
+@dataclass
+class TensorAlloc:
+    buffer_id: int
+    chunk: int
+    offset: int
+    size_max: int   # alloc size; 0 for views (C: "0 = pre-allocated, unused, or view")
+
+
+@dataclass(eq=False)
+class Vbuffer:
+    """struct vbuffer: the backend buffers (chunks) of one buffer id, by size."""
+    chunks: list[int]
+    peak: Optional[Peak]   # the allocator's peak in the reserve that allocated this buffer
+
+
+class Gallocr:
+    def __init__(self, bufts: list[BufferType]):
+        """ggml_gallocr_new_n (498-532): one dyn_tallocr per distinct buffer type."""
+        self.bufts = list(bufts)
+        self.buf_tallocs: list[DynTallocr] = []
+        for i, buft in enumerate(self.bufts):
+            shared = next((self.buf_tallocs[j] for j in range(i) if self.bufts[j] is buft), None)
+            self.buf_tallocs.append(shared or dyn_tallocr_new(buft.alignment, buft.max_size))
+        self.buffers: list[Optional[Vbuffer]] = [None] * len(self.bufts)
+        self.hash: defaultdict[int, HashNode] = defaultdict(HashNode)
+        self.graph: Optional[Cgraph] = None   # keeps the ids in `hash` valid
+        self.node_index = -1                  # the node being allocated, for Peak
+
+    # ggml_gallocr_allocate_node (623-689)
+    def allocate_node(self, node: Tensor, buffer_id: int) -> None:
+        # is_allocated (593-597): data or buffer set externally, or already own; views never
+        if node.buffer is not None or node.view_src is not None:
+            return
+        hn = self.hash[id(node)]
+        if hn.allocated:
+            return
+        hn.allocated = True
+        if node.op in CAN_INPLACE and self.reuse_parent(node, hn):
+            return
+        alloc = self.buf_tallocs[buffer_id]
+        hn.buffer_id = buffer_id
+        hn.size = self.bufts[buffer_id].alloc_size(node)
+        before = alloc.size
+        hn.chunk, hn.offset = dyn_tallocr_alloc(alloc, hn.size)
+        alloc.live[id(node)] = node
+        if alloc.size > before:
+            alloc.peak = Peak(self.node_index, alloc.size, list(alloc.live.values()))
+
+    def reuse_parent(self, node: Tensor, hn: HashNode) -> bool:
+        """The in-place branch of ggml_gallocr_allocate_node (632-681): the first parent that is
+        own, not OUTPUT, of the same type/ne/nb, with one child and no views.
+
+        Views are never own (allocate_node skips them), so the C's view-parent branch (658-670)
+        and its view_src OUTPUT test (646) never apply.
+        """
+        for parent in node.src:
+            if parent is None:
+                continue
+            p_hn = self.hash[id(parent)]
+            if not p_hn.allocated or parent.flags & FLAG_OUTPUT:
+                continue
+            if parent.type != node.type or parent.ne != node.ne or parent.nb != node.nb:
+                continue   # ggml_are_same_layout
+            if p_hn.n_children == 1 and p_hn.n_views == 0:
+                hn.buffer_id = p_hn.buffer_id
+                hn.chunk, hn.offset = p_hn.chunk, p_hn.offset
+                hn.size = self.bufts[hn.buffer_id].alloc_size(node)
+                p_hn.allocated = False
+                live = self.buf_tallocs[p_hn.buffer_id].live
+                del live[id(parent)]
+                live[id(node)] = node
+                self.free_extra_space(hn, p_hn)
+                return True
+        return False
+
+    def free_extra_space(self, hn: HashNode, p_hn: HashNode) -> None:
+        """ggml_gallocr_free_extra_space (600-621): give back the parent's tail beyond the node."""
+        if p_hn.size < hn.size:
+            raise AssertionError("free_extra_space: parent_size >= node_size")
+        p_alloc = self.buf_tallocs[p_hn.buffer_id]
+        parent_size = aligned_size(p_hn.size, p_alloc.alignment)
+        node_size = aligned_size(hn.size, p_alloc.alignment)
+        if parent_size > node_size:
+            dyn_tallocr_free_bytes(p_alloc, p_hn.chunk, p_hn.offset + node_size, parent_size - node_size)
+
+    def free_node(self, node: Tensor) -> None:
+        """ggml_gallocr_free_node (691-712): graph outputs are never freed."""
+        if node.flags & FLAG_OUTPUT:
+            return
+        hn = self.hash[id(node)]
+        alloc = self.buf_tallocs[hn.buffer_id]
+        dyn_tallocr_free_bytes(alloc, hn.chunk, hn.offset, hn.size)
+        del alloc.live[id(node)]
+        hn.allocated = False
+
+    def alloc_graph_impl(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> None:
+        """ggml_gallocr_alloc_graph_impl (718-823)."""
+        self.hash = hash_ = defaultdict(HashNode)
+        allocate_node = self.allocate_node
+        self.node_index = -1
+
+        # every leaf, used or not
+        for leaf, buffer_id in zip(graph.leafs, leaf_buffer_ids, strict=True):
+            allocate_node(leaf, buffer_id)
+
+        # count children and views (view nodes with op NONE are sched dependencies, not counted);
+        # INPUT nodes and INPUT srcs, with the buffer id of the node that uses them
+        parents_of = []   # per node: (src, its hash node) for each non-NULL src
+        for node, buffer_id in zip(graph.nodes, node_buffer_ids, strict=True):
+            if node.view_src is not None and node.op != "NONE":
+                hash_[id(node.view_src)].n_views += 1
+            if node.flags & FLAG_INPUT:
+                allocate_node(node, buffer_id)
+            parents = []
+            for src in node.src:
+                if src is None:
+                    continue
+                p_hn = hash_[id(src)]
+                p_hn.n_children += 1
+                if src.flags & FLAG_INPUT:
+                    allocate_node(src, buffer_id)
+                parents.append((src, p_hn))
+            parents_of.append(parents)
+
+        free_node = self.free_node
+        for i, (node, buffer_id, parents) in enumerate(zip(graph.nodes, node_buffer_ids, parents_of)):
+            self.node_index = i
+            for parent, p_hn in parents:
+                if not p_hn.allocated:   # allocate_node returns at once for own tensors
+                    allocate_node(parent, buffer_id)
+            allocate_node(node, buffer_id)
+            for parent, p_hn in parents:
+                p_hn.n_children -= 1
+                if p_hn.n_children == 0 and p_hn.n_views == 0:
+                    view_src = parent.view_src
+                    if view_src is not None:
+                        # n_views can go below zero here for views with op NONE (never counted)
+                        vs_hn = hash_[id(view_src)]
+                        vs_hn.n_views -= 1
+                        if vs_hn.n_views == 0 and vs_hn.n_children == 0 and vs_hn.allocated:
+                            free_node(view_src)
+                    elif p_hn.allocated:
+                        free_node(parent)
+
+    def reserve_n(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> None:
+        """ggml_gallocr_reserve_n (825-949 with no_alloc = false)."""
+        for alloc in self.buf_tallocs:
+            dyn_tallocr_reset(alloc)
+        self.graph = graph
+        self.alloc_graph_impl(graph, node_buffer_ids, leaf_buffer_ids)
+
+        # reallocate buffers if needed (904-946): when there is no buffer yet, or some chunk of the
+        # new layout is bigger than the same chunk of the current buffer. The new buffer then takes
+        # the new layout as it is, so other chunks, and the total, can shrink.
+        for i, alloc in enumerate(self.buf_tallocs):
+            for j in range(i):
+                if self.buf_tallocs[j] is alloc:
+                    self.buffers[i] = self.buffers[j]
+                    break
+            buf = self.buffers[i]
+            realloc = buf is None
+            for c, chunk in enumerate(alloc.chunks):
+                cur = buf.chunks[c] if buf is not None and c < len(buf.chunks) else 0
+                if chunk.max_size > cur:
+                    realloc = True
+            if realloc:
+                self.buffers[i] = Vbuffer([chunk.max_size for chunk in alloc.chunks], alloc.peak)
+
+    def buffer_size(self, buffer_id: int) -> int:
+        """ggml_gallocr_get_buffer_size (1100-1116): 0 without a buffer, 0 for a buffer already
+        counted under a lower id (same buffer type), else the sum of its chunks."""
+        buf = self.buffers[buffer_id]
+        if buf is None or any(self.buffers[i] is buf for i in range(buffer_id)):
+            return 0
+        return sum(buf.chunks)
+
+    def chunk_sizes(self, buffer_id: int) -> list[int]:
+        buf = self.buffers[buffer_id]
+        return list(buf.chunks) if buf is not None else []
+
+    def peak(self, buffer_id: int) -> Optional[Peak]:
+        """Where the allocator stood when it last grew, in the reserve that sized this buffer."""
+        buf = self.buffers[buffer_id]
+        return buf.peak if buf is not None else None
+
+    def tensor_alloc(self, t: Tensor) -> Optional[TensorAlloc]:
+        """Where the last reserve put t; None for tensors with memory of their own (weights, KV)
+        and views of them. A view lies at its view_src's address plus view_offs."""
+        base = t.view_src if t.view_src is not None else t
+        if base.buffer is not None:
+            return None
+        hn = self.hash.get(id(base))
+        if hn is None:
+            return None
+        if t.view_src is not None:
+            return TensorAlloc(hn.buffer_id, hn.chunk, hn.offset + t.view_offs, 0)
+        return TensorAlloc(hn.buffer_id, hn.chunk, hn.offset, hn.size)

@@ -1,0 +1,757 @@
+"""Ground truth: run a configuration in real llama.cpp (llama-cpp-python 0.3.36, commit 0c1e57098)
+and report, byte for byte, what it reserved. The planner emits the same schema.
+
+    run(model_path, params, tensors=False) -> dict    # "schedplan.reserve/1"
+
+Where each number comes from (never from the 2-decimal MiB of the log lines alone):
+- compute/model/KV bytes per buffer type: llama_get_memory_breakdown(ctx) (src/llama-ext.h, C++),
+  read through a small C shim (memory_breakdown.cpp) compiled on first use. Its "context" part is
+  llama_memory::memory_breakdown(), i.e. the KV cache only: the output buffer is not in it.
+- output buffer: llama_context::output_reserve(n_seq_max) at construction allocates
+  n_vocab * n_seq_max floats (logits only: no embeddings, no backend samplers, C:2116-2207); that
+  size is checked against the log line "output buffer size = X MiB" (buffer name from the same line).
+- graph nodes/splits, sched copies, effective n_ctx/n_batch/..., FA resolution, K/V types: parsed
+  from llama.cpp's own log (sched_reserve, llama_context, llama_kv_cache), or read from the C API.
+- tensors (tensors=True): one real decode of the reserve's pp ubatch with an eval callback that
+  reads every ggml_tensor (buffer, data pointer) of the scheduler's split graphs.
+
+Each run happens in a fresh child process by default (isolated=True): the ggml backend registry is
+process-global (RPC servers registered once stay registered, device names count up: RPC0, RPC1,
+...), an RPC server serves one client at a time (a connection left open would block the next
+run), and a GGML_ABORT must not take the caller down.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from schedplan.planner import LLAMA_CPP_COMMIT
+from schedplan.planner.params import Params
+
+SCHEMA = "schedplan.reserve/1"
+MiB = 1024 * 1024
+MISSING_MESSAGE = ("schedplan run needs the 'run' extra: "
+                   "CMAKE_ARGS=\"-DGGML_RPC=ON\" pip install 'schedplan[run]'")
+
+# ggml/include/ggml.h enum ggml_type (the KV cache types schedplan accepts)
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
+              "bf16": 30}
+# include/llama.h
+FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+# ggml-backend.h enum ggml_backend_buffer_usage
+BUFFER_USAGES = {0: "any", 1: "weights", 2: "compute"}
+GGML_BACKEND_DEVICE_TYPE_CPU = 0
+
+
+class RunError(Exception):
+    """llama.cpp refused or failed to run the configuration (one line, for the user)."""
+
+
+class LlamaCppMissing(RunError):
+    def __init__(self, message: str = MISSING_MESSAGE):
+        super().__init__(message)
+
+
+# --------------------------------------------------------------------------------------------
+# libraries
+# --------------------------------------------------------------------------------------------
+
+def available() -> bool:
+    """Whether llama_cpp (llama-cpp-python) is installed; does not import it."""
+    try:
+        return importlib.util.find_spec("llama_cpp") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def import_llama_cpp():
+    try:
+        import llama_cpp
+    except (ImportError, OSError) as e:
+        raise LlamaCppMissing(f"{MISSING_MESSAGE} (import llama_cpp failed: {e})") from None
+    return llama_cpp
+
+
+def lib_dir() -> Path:
+    """llama_cpp/lib of the installed package: libllama.so.0, libggml*.so.0."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.origin:
+        raise LlamaCppMissing()
+    return Path(spec.origin).parent / "lib"
+
+
+def load_lib(soname: str) -> ctypes.CDLL:
+    """A ggml/llama library by its soname's path in llama_cpp/lib: the copy libllama already mapped
+    (the unversioned libggml.so is a separate file: loading it maps a second backend registry)."""
+    path = lib_dir() / soname
+    if not path.exists():
+        raise LlamaCppMissing(f"{MISSING_MESSAGE} ({path} is missing)")
+    return ctypes.CDLL(str(path))
+
+
+class GGMLTensor(ctypes.Structure):
+    """struct ggml_tensor (ggml/include/ggml.h; sizeof 336 on 64-bit)."""
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * 4),
+        ("nb", ctypes.c_size_t * 4),
+        ("op", ctypes.c_int),
+        ("op_params", ctypes.c_int32 * 16),
+        ("flags", ctypes.c_int32),
+        ("src", ctypes.c_void_p * 10),
+        ("view_src", ctypes.c_void_p),
+        ("view_offs", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("name", ctypes.c_char * 64),
+        ("extra", ctypes.c_void_p),
+        ("padding", ctypes.c_char * 8),
+    ]
+
+
+GGML_OBJECT_SIZE = 32   # struct ggml_object (ggml.c): offs, size, next, type, padding[4]
+
+
+class TensorBuftOverride(ctypes.Structure):
+    """struct llama_model_tensor_buft_override (include/llama.h)."""
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _fn(lib: ctypes.CDLL, name: str, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+class Ggml:
+    """The ggml functions the instrument needs, from the libraries libllama uses."""
+
+    def __init__(self) -> None:
+        base, ggml = load_lib("libggml-base.so.0"), load_lib("libggml.so.0")
+        vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+        self.buft_name = _fn(base, "ggml_backend_buft_name", cp, vp)
+        self.dev_name = _fn(base, "ggml_backend_dev_name", cp, vp)
+        self.dev_type = _fn(base, "ggml_backend_dev_type", ctypes.c_int, vp)
+        self.dev_buffer_type = _fn(base, "ggml_backend_dev_buffer_type", vp, vp)
+        self.buffer_name = _fn(base, "ggml_backend_buffer_name", cp, vp)
+        self.buffer_get_base = _fn(base, "ggml_backend_buffer_get_base", vp, vp)
+        self.buffer_get_size = _fn(base, "ggml_backend_buffer_get_size", sz, vp)
+        self.buffer_get_usage = _fn(base, "ggml_backend_buffer_get_usage", ctypes.c_int, vp)
+        self.nbytes = _fn(base, "ggml_nbytes", sz, vp)
+        self.type_name = _fn(base, "ggml_type_name", cp, ctypes.c_int)
+        self.op_name = _fn(base, "ggml_op_name", cp, ctypes.c_int)
+        self.tensor_overhead = _fn(base, "ggml_tensor_overhead", sz)
+        self.reg_get_proc_address = _fn(base, "ggml_backend_reg_get_proc_address", vp, vp, cp)
+        self.reg_by_name = _fn(ggml, "ggml_backend_reg_by_name", vp, cp)
+        self.register = _fn(ggml, "ggml_backend_register", None, vp)
+        self.dev_count = _fn(ggml, "ggml_backend_dev_count", sz)
+        self.dev_get = _fn(ggml, "ggml_backend_dev_get", vp, sz)
+        self.dev_by_name = _fn(ggml, "ggml_backend_dev_by_name", vp, cp)
+        self.dev_by_type = _fn(ggml, "ggml_backend_dev_by_type", vp, ctypes.c_int)
+        if self.tensor_overhead() != GGML_OBJECT_SIZE + ctypes.sizeof(GGMLTensor):
+            raise RunError(f"struct ggml_tensor layout mismatch: ggml_tensor_overhead() = {self.tensor_overhead()}, "
+                           f"expected {GGML_OBJECT_SIZE + ctypes.sizeof(GGMLTensor)}")
+
+    def devices(self) -> list[int]:
+        return [self.dev_get(i) for i in range(self.dev_count())]
+
+
+# --------------------------------------------------------------------------------------------
+# the C++ shim (llama_get_memory_breakdown and friends)
+# --------------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "schedplan"
+
+
+def build_shim() -> Path:
+    """Compile memory_breakdown.cpp against the installed libllama.so.0 (once per source/library)."""
+    src = Path(__file__).with_name("memory_breakdown.cpp")
+    libdir = lib_dir()
+    libllama = libdir / "libllama.so.0"
+    st = libllama.stat()
+    key = hashlib.sha256(src.read_bytes() + f"{libllama}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = cache_dir() / f"libsp_memory_breakdown-{key}.so"
+    if out.exists():
+        return out
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise RunError("a C++ compiler (g++) is needed once to build the memory-breakdown shim")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", str(src), "-o", str(tmp), f"-L{libdir}",
+           "-l:libllama.so.0", f"-Wl,-rpath,{libdir}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"building the memory-breakdown shim failed: {proc.stderr.strip().splitlines()[-1:]}")
+    os.replace(tmp, out)
+    return out
+
+
+class Shim:
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(str(build_shim()))
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        self.memory_breakdown = _fn(lib, "sp_memory_breakdown", ctypes.c_int, vp, ctypes.c_int,
+                                    ctypes.POINTER(vp), ctypes.POINTER(sz), ctypes.POINTER(sz), ctypes.POINTER(sz))
+        self.model_devices = _fn(lib, "sp_model_devices", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(vp))
+        self.model_n_gpu_layers = _fn(lib, "sp_model_n_gpu_layers", ctypes.c_uint32, vp)
+
+    def breakdown(self, ctx) -> list[tuple[int, int, int, int]]:
+        """[(buft, model, context, compute)] from llama_get_memory_breakdown."""
+        cap = 64
+        bufts, m, c, k = (ctypes.c_void_p * cap)(), (ctypes.c_size_t * cap)(), (ctypes.c_size_t * cap)(), \
+            (ctypes.c_size_t * cap)()
+        n = self.memory_breakdown(ctx, cap, bufts, m, c, k)
+        if n > cap:
+            raise RunError(f"more than {cap} buffer types in the memory breakdown")
+        return [(bufts[i], m[i], c[i], k[i]) for i in range(n)]
+
+    def devices(self, model) -> list[int]:
+        cap = 64
+        devs = (ctypes.c_void_p * cap)()
+        n = self.model_devices(model, cap, devs)
+        return [devs[i] for i in range(min(n, cap))]
+
+
+# --------------------------------------------------------------------------------------------
+# the log
+# --------------------------------------------------------------------------------------------
+
+class LogCapture:
+    """llama_log_set (which also sets ggml's): keeps every message, in order."""
+
+    def __init__(self, llama_cpp) -> None:
+        self.parts: list[str] = []
+
+        def callback(level, text, user_data):
+            if text:
+                self.parts.append(text.decode("utf-8", errors="replace"))
+
+        self._callback = llama_cpp.llama_log_callback(callback)   # keep alive: llama.cpp holds the pointer
+        llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def errors(self) -> str:
+        lines = [ln.strip() for ln in self.text.splitlines() if ln.strip()]
+        bad = [ln for ln in lines if re.search(r"error|failed|invalid|unknown|not supported|cannot", ln, re.I)]
+        return " | ".join((bad or lines)[-3:])
+
+
+_CTX_RE = re.compile(r"^llama_context: (n_seq_max|n_ctx|n_ctx_seq|n_batch|n_ubatch|n_outputs_max|kv_unified|"
+                     r"flash_attn)\s+= (\S+)", re.M)
+_GRAPH_RE = re.compile(r"sched_reserve: graph: nodes = (\d+), splits = (\d+)")
+_GRAPH2_RE = re.compile(r"sched_reserve: graph \(pp bs=(\d+), tg bs=(\d+)\): nodes = (\d+) / (\d+), "
+                        r"splits = (\d+) / (\d+)")
+_COPIES_RE = re.compile(r"sched_reserve: reserve took .* sched copies = (\d+)")
+_FA_RE = re.compile(r"resolve_fused_ops: Flash Attention (enabled|not supported, set to disabled)")
+_COMPUTE_RE = re.compile(r"^sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB", re.M)
+_OUTPUT_RE = re.compile(r"^llama_context:\s+(\S+)  output buffer size =\s+([\d.]+) MiB", re.M)
+_MODEL_RE = re.compile(r"^load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", re.M)
+_KV_RE = re.compile(r"^llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB", re.M)
+_KV_TYPES_RE = re.compile(r"^llama_kv_cache: size = .*, K \((\w+)\):.*, V \((\w+)\):", re.M)
+
+
+def parse_log(text: str) -> dict:
+    """What llama.cpp says about the reservation, from its log (src/llama-context.cpp)."""
+    out: dict = {"context": {k: v for k, v in _CTX_RE.findall(text)}}
+    m = _GRAPH2_RE.search(text)
+    if m:
+        bs_pp, bs_tg, n_pp, n_tg, s_pp, s_tg = map(int, m.groups())
+        out["graphs"] = {"pp": {"bs": bs_pp, "nodes": n_pp, "splits": s_pp},
+                         "tg": {"bs": bs_tg, "nodes": n_tg, "splits": s_tg}}
+    else:
+        m = _GRAPH_RE.search(text)
+        if m:
+            n, s = map(int, m.groups())
+            out["graphs"] = {"pp": {"nodes": n, "splits": s}, "tg": {"nodes": n, "splits": s}}
+    m = _COPIES_RE.search(text)
+    out["sched_copies"] = int(m.group(1)) if m else None
+    m = _FA_RE.search(text)
+    out["fa_probe"] = None if not m else m.group(1) == "enabled"
+    for key, rx in (("compute", _COMPUTE_RE), ("output", _OUTPUT_RE), ("model", _MODEL_RE), ("kv", _KV_RE)):
+        out[key] = [(name, mib) for name, mib in rx.findall(text)]
+    m = _KV_TYPES_RE.search(text)
+    out["kv_types"] = m.groups() if m else None
+    return out
+
+
+def mib2(n: int) -> str:
+    """Bytes as llama.cpp logs them: %.2f MiB."""
+    return f"{n / MiB:.2f}"
+
+
+def _log_agrees(logged: list[tuple[str, str]], exact: dict[str, int]) -> bool:
+    """Every logged "<buft> ... = X MiB" line matches the exact bytes of that buffer type (summed
+    over lines with the same name, e.g. two model buffers of one type)."""
+    sums: dict[str, float] = {}
+    for name, mib in logged:
+        sums[name] = sums.get(name, 0.0) + float(mib)
+    if set(sums) != {k for k, v in exact.items() if v > 0}:
+        return False
+    return all(abs(sums[k] - exact[k] / MiB) <= 0.005 * max(1, sum(1 for n, _ in logged if n == k)) + 1e-9
+               for k in sums)
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------
+
+def run(model_path: str, params: Params, tensors: bool = False, *, keep_log: bool = False,
+        log_path: Optional[str] = None, isolated: bool = True, timeout: Optional[float] = None) -> dict:
+    """Create the real llama.cpp model and context for these params and report what was reserved.
+
+    keep_log: include llama.cpp's whole log under "log"; log_path: also write it to that file.
+    isolated: run in a fresh child process (see the module docstring); False runs here.
+    """
+    path = Path(model_path)
+    if not path.exists():
+        raise FileNotFoundError(2, "No such file or directory", str(model_path))
+    if path.is_dir():
+        raise IsADirectoryError(21, "Is a directory", str(model_path))
+    if not available():
+        raise LlamaCppMissing()
+    if not isolated:
+        return _run_here(str(model_path), params, tensors, keep_log, log_path)
+    with tempfile.TemporaryDirectory(prefix="schedplan-run-") as tmp:
+        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request.write_text(json.dumps({"model_path": str(model_path), "params": dataclasses.asdict(params),
+                                       "tensors": tensors, "keep_log": keep_log, "log_path": log_path}))
+        try:
+            proc = subprocess.run([sys.executable, "-m", "schedplan.backends.llama_cpp_run", str(request), str(result)],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RunError(f"llama.cpp did not finish within {timeout:g} s") from None
+        data = json.loads(result.read_text()) if result.exists() else None
+    if data is not None and "error" in data:
+        cls = LlamaCppMissing if data.get("missing") else RunError
+        raise cls(data["error"])
+    if proc.returncode != 0 or data is None:
+        if "unexpected graph reallocation" in proc.stderr:
+            raise RunError("the decode re-planned the compute buffers instead of reusing the reserve's allocation "
+                           "(GGML_SCHED_DEBUG_REALLOC caught it): its tensor offsets would not be the reserve's")
+        tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-3:]
+        raise RunError(f"llama.cpp exited with status {proc.returncode}: {' | '.join(tail) or 'no message'}")
+    return data
+
+
+def params_from_dict(d: dict) -> Params:
+    d = dict(d)
+    for key in ("tensor_split", "rpc", "devices"):
+        d[key] = tuple(d.get(key) or ())
+    d["tensor_overrides"] = tuple(tuple(x) for x in d.get("tensor_overrides") or ())
+    return Params(**d)
+
+
+_registered_rpc: dict[str, int] = {}   # endpoint -> reg, per process (the registry is process-global)
+
+
+def register_rpc_servers(ggml: Ggml, endpoints: tuple[str, ...]) -> None:
+    """common/arg.cpp add_rpc_devices: RPC reg -> ggml_backend_rpc_add_server(endpoint) -> register."""
+    if not endpoints:
+        return
+    reg = ggml.reg_by_name(b"RPC")
+    if not reg:
+        raise RunError("this llama-cpp-python has no RPC backend: reinstall it with CMAKE_ARGS=\"-DGGML_RPC=ON\"")
+    addr = ggml.reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
+    if not addr:
+        raise RunError("the RPC backend has no ggml_backend_rpc_add_server")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(addr)
+    for endpoint in endpoints:
+        if endpoint in _registered_rpc:
+            continue
+        server_reg = add_server(endpoint.encode())
+        if not server_reg:
+            raise RunError(f"RPC server {endpoint} did not answer (is `python -m schedplan.backends.rpc_server` "
+                           f"running there?)")
+        ggml.register(server_reg)
+        _registered_rpc[endpoint] = server_reg
+
+
+def _device_list(ggml: Ggml, names: tuple[str, ...]):
+    """--device: a NULL-terminated list of real devices by name (common/arg.cpp parse_device_list)."""
+    devs = []
+    for name in names:
+        dev = ggml.dev_by_name(name.encode()) if name != "none" else None
+        if name != "none" and (not dev or ggml.dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU):
+            real = [ggml.dev_name(d).decode() for d in ggml.devices()
+                    if ggml.dev_type(d) != GGML_BACKEND_DEVICE_TYPE_CPU]
+            raise RunError(f"no device {name!r} in this llama.cpp (simulated devices cannot run for real); "
+                           f"devices here: {', '.join(real) or 'none'}")
+        if dev:
+            devs.append(dev)
+    arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+    return arr
+
+
+def _buft_overrides(ggml: Ggml, overrides: tuple[tuple[str, str], ...]):
+    """-ot: common/arg.cpp parse_tensor_buffer_overrides: buffer types by the devices' default
+    buffer type names; the patterns go to llama.cpp unchanged (std::regex_search there)."""
+    bufts = {}
+    for dev in ggml.devices():
+        buft = ggml.dev_buffer_type(dev)
+        if buft:
+            bufts[ggml.buft_name(buft).decode()] = buft
+    items = []
+    for pattern, name in overrides:
+        if name not in bufts:
+            raise NotImplementedError(f"-ot {pattern}={name}: no buffer type {name!r} in this llama.cpp "
+                                      f"(available: {', '.join(sorted(bufts))})")
+        items.append(TensorBuftOverride(pattern.encode(), bufts[name]))
+    items.append(TensorBuftOverride(None, None))
+    return (TensorBuftOverride * len(items))(*items)
+
+
+def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, log_path: Optional[str]) -> dict:
+    llama_cpp = import_llama_cpp()
+    log = LogCapture(llama_cpp)
+    llama_cpp.llama_backend_init()
+    ggml = Ggml()
+    shim = Shim()
+    keep = []   # ctypes objects referenced by the params structs: alive until the model is loaded
+
+    try:
+        register_rpc_servers(ggml, params.rpc)
+
+        mp = llama_cpp.llama_model_default_params()
+        mp.n_gpu_layers = params.n_gpu_layers
+        if params.split_mode not in SPLIT_MODES:
+            raise RunError(f"unknown split mode {params.split_mode!r}")
+        mp.split_mode = SPLIT_MODES[params.split_mode]
+        mp.main_gpu = params.main_gpu
+        mp.use_extra_bufts = params.use_extra_bufts
+        mp.no_host = params.no_host
+        if params.tensor_split:
+            n_max = llama_cpp.llama_max_devices()
+            if len(params.tensor_split) > n_max:
+                raise RunError(f"--tensor-split has {len(params.tensor_split)} values, llama.cpp takes at most {n_max}")
+            ts = (ctypes.c_float * n_max)(*params.tensor_split)
+            keep.append(ts)
+            mp.tensor_split = ts
+        if params.devices:
+            devs = _device_list(ggml, params.devices)
+            keep.append(devs)
+            mp.devices = ctypes.cast(devs, ctypes.c_void_p)
+        if params.tensor_overrides:
+            ovr = _buft_overrides(ggml, params.tensor_overrides)
+            keep.append(ovr)
+            mp.tensor_buft_overrides = ctypes.cast(ovr, ctypes.c_void_p)
+
+        model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp)
+        if not model:
+            raise RunError(f"llama.cpp could not load {model_path}: {log.errors()}")
+
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = params.n_ubatch
+        cp.n_seq_max = params.n_seq_max
+        # n_outputs_max stays 0 (= n_batch), as llama-server leaves it
+        if params.flash_attn not in FLASH_ATTN_TYPES:
+            raise RunError(f"unknown flash attention mode {params.flash_attn!r}")
+        cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]
+        for key in ("type_k", "type_v"):
+            value = getattr(params, key)
+            if value not in GGML_TYPES:
+                raise RunError(f"unsupported cache type {value!r}")
+            setattr(cp, key, GGML_TYPES[value])
+        cp.kv_unified = params.kv_unified
+        cp.swa_full = params.swa_full
+        cp.offload_kqv = params.offload_kqv
+        cp.op_offload = params.op_offload
+        cp.n_threads = cp.n_threads_batch = max(1, os.cpu_count() or 1)
+
+        recorder = TensorRecorder(ggml) if tensors else None
+        if recorder is not None:
+            cp.cb_eval = recorder.callback
+            cp.cb_eval_user_data = None
+
+        ctx = llama_cpp.llama_init_from_model(model, cp)
+        if not ctx:
+            raise RunError(f"llama.cpp could not create the context: {log.errors()}")
+
+        result = _collect(llama_cpp, ggml, shim, log, model_path, model, ctx, params)
+
+        if recorder is not None:
+            _decode_reserve_ubatch(llama_cpp, ctx, result)
+            result["tensors"] = recorder.rows
+            _tensor_checks(ggml, shim, ctx, recorder, result)
+
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)
+    finally:
+        if log_path:
+            Path(log_path).write_text(log.text)
+    if keep_log:
+        result["log"] = log.text
+    return result
+
+
+def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str, model, ctx, params: Params) -> dict:
+    parsed = parse_log(log.text)
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buf, ctypes.sizeof(buf))
+    arch = buf.value.decode() if n >= 0 else None
+
+    model_info = {"path": model_path, "arch": arch, "n_layer": llama_cpp.llama_model_n_layer(model),
+                  "n_embd": llama_cpp.llama_model_n_embd(model), "n_head": llama_cpp.llama_model_n_head(model),
+                  "n_head_kv": llama_cpp.llama_model_n_head_kv(model), "n_vocab": n_vocab,
+                  "n_ctx_train": llama_cpp.llama_model_n_ctx_train(model)}
+
+    c = parsed["context"]
+    n_ctx, n_ctx_seq = llama_cpp.llama_n_ctx(ctx), llama_cpp.llama_n_ctx_seq(ctx)
+    n_batch, n_ubatch, n_seq_max = llama_cpp.llama_n_batch(ctx), llama_cpp.llama_n_ubatch(ctx), \
+        llama_cpp.llama_n_seq_max(ctx)
+    if "n_outputs_max" not in c or "kv_unified" not in c:
+        raise RunError("llama.cpp's log has no llama_context parameter lines: log format changed?")
+    n_outputs_max = int(c["n_outputs_max"])
+    # flash attention as resolved: "on" stays on, "off" off, "auto" follows the probe (C:507-560)
+    flash_attn = {"on": True, "off": False}.get(params.flash_attn)
+    if flash_attn is None:
+        if parsed["fa_probe"] is None:
+            raise RunError("no 'Flash Attention enabled/disabled' line in llama.cpp's log for -fa auto")
+        flash_attn = parsed["fa_probe"]
+    type_k, type_v = parsed["kv_types"] or (params.type_k, params.type_v)
+    devices = [ggml.dev_name(d).decode() for d in shim.devices(model)]
+    if parsed.get("sched_copies") is None or "graphs" not in parsed:
+        raise RunError("no sched_reserve graph/copies lines in llama.cpp's log: log format changed?")
+
+    eff = {"n_ctx": n_ctx, "n_ctx_seq": n_ctx_seq, "n_batch": n_batch, "n_ubatch": n_ubatch, "n_seq_max": n_seq_max,
+           "n_outputs_max": n_outputs_max, "kv_unified": c["kv_unified"] == "true", "flash_attn": flash_attn,
+           "type_k": type_k, "type_v": type_v, "n_gpu_layers": shim.model_n_gpu_layers(model),
+           "sched_copies": parsed["sched_copies"], "devices": devices}
+
+    compute, kv, weights = {}, {}, {}
+    for buft, m, ctx_bytes, k in shim.breakdown(ctx):
+        name = ggml.buft_name(buft).decode()
+        if k > 1:            # sched_reserve logs (and so reports) a compute buffer only when > 1 byte
+            compute[name] = compute.get(name, 0) + k
+        if ctx_bytes:
+            kv[name] = kv.get(name, 0) + ctx_bytes
+        if m:
+            weights[name] = weights.get(name, 0) + m
+
+    # the output buffer: output_reserve(n_seq_max) at construction, logits only (C:2116-2207)
+    if len(parsed["output"]) != 1:
+        raise RunError(f"expected one 'output buffer size' line in llama.cpp's log, found {len(parsed['output'])}")
+    out_name, out_mib = parsed["output"][0]
+    out_bytes = n_vocab * max(n_seq_max, n_seq_max) * 4
+    if mib2(out_bytes) != out_mib:
+        raise RunError(f"output buffer: expected {out_bytes} bytes ({mib2(out_bytes)} MiB) for n_vocab {n_vocab} x "
+                       f"n_seq_max {n_seq_max} floats, llama.cpp logged {out_mib} MiB")
+    output = {out_name: out_bytes}
+
+    # the reserve's ubatches (graph_reserve rounds n_tokens up to a multiple of n_seqs)
+    n_tokens = min(n_ctx, n_ubatch)
+    n_tokens_pp = -(-n_tokens // n_seq_max) * n_seq_max
+    g = parsed["graphs"]
+    if "bs" in g["pp"] and (g["pp"]["bs"] != n_tokens or g["tg"]["bs"] != n_seq_max):
+        raise RunError(f"sched_reserve logged pp bs={g['pp']['bs']}, tg bs={g['tg']['bs']}; expected {n_tokens}, "
+                       f"{n_seq_max}")
+    graphs = {
+        "pp": {"n_tokens": n_tokens_pp, "n_seqs": n_seq_max, "n_outputs": min(n_tokens, n_outputs_max),
+               "nodes": g["pp"]["nodes"], "splits": g["pp"]["splits"]},
+        "tg": {"n_tokens": n_seq_max, "n_seqs": n_seq_max, "n_outputs": n_seq_max,
+               "nodes": g["tg"]["nodes"], "splits": g["tg"]["splits"]},
+    }
+
+    import llama_cpp as _lc
+    checks = {
+        "compute_log_agrees": _log_agrees(parsed["compute"], compute),
+        "model_log_agrees": _log_agrees(parsed["model"], weights),
+        "kv_log_agrees": _log_agrees(parsed["kv"], kv),
+    }
+    return {
+        "schema": SCHEMA,
+        "source": "llama.cpp",
+        "llama_cpp": {"commit": LLAMA_CPP_COMMIT, "llama_cpp_python": _lc.__version__},
+        "model": model_info,
+        "params": eff,
+        "compute_buffers": compute,
+        "graphs": graphs,
+        "kv_buffers": kv,
+        "output_buffers": output,
+        "model_buffers": weights,
+        "checks": checks,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# tensors: one decode of the reserve's pp ubatch, read through the scheduler's eval callback
+# --------------------------------------------------------------------------------------------
+
+class TensorRecorder:
+    """cb_eval: answers "yes" to every node, then reads it (and every src/view_src reachable from
+    it that was not seen yet) when the scheduler hands it over after computing it."""
+
+    def __init__(self, ggml: Ggml) -> None:
+        import llama_cpp
+        self.ggml = ggml
+        self.rows: list[dict] = []
+        self.seen: dict[int, int] = {}          # tensor address -> row
+        self.row_buffer: list[Optional[int]] = []   # ggml_backend_buffer_t of each row
+        self.n_nodes = 0
+        self.buffers: dict[int, tuple[str, str, int, int]] = {}   # buffer -> (name, usage, base, size)
+        self.error: Optional[BaseException] = None
+
+        def cb(t, ask, user_data):
+            if ask:
+                return True
+            try:
+                self.node(t)
+            except BaseException as e:          # never raise through C
+                self.error = self.error or e
+            return True
+
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(cb)
+
+    def _buffer(self, buf: int) -> tuple[str, str, int, int]:
+        info = self.buffers.get(buf)
+        if info is None:
+            g = self.ggml
+            info = (g.buffer_name(buf).decode(), BUFFER_USAGES.get(g.buffer_get_usage(buf), "?"),
+                    g.buffer_get_base(buf) or 0, g.buffer_get_size(buf))
+            self.buffers[buf] = info
+        return info
+
+    def _row(self, addr: int, index: Optional[int], kind: str) -> dict:
+        g = self.ggml
+        t = GGMLTensor.from_address(addr)
+        buffer = offset = usage = None
+        if t.buffer:
+            buffer, usage, base, _ = self._buffer(t.buffer)
+            if t.data is not None:
+                offset = t.data - base
+        view_of = GGMLTensor.from_address(t.view_src).name.decode(errors="replace") if t.view_src else None
+        return {"index": index, "kind": kind, "name": t.name.decode(errors="replace"), "op": g.op_name(t.op).decode(),
+                "ne": list(t.ne), "type": g.type_name(t.type).decode(), "buffer": buffer, "usage": usage,
+                "offset": offset, "size": g.nbytes(addr), "view_of": view_of}
+
+    def node(self, addr: int) -> None:
+        index = self.n_nodes
+        self.n_nodes += 1
+        if addr in self.seen:        # met before as a src: it is a node after all
+            self.rows[self.seen[addr]].update(self._row(addr, index, "node"))
+        else:
+            self._add(addr, index, "node")
+        self._srcs(addr)
+
+    def _srcs(self, addr: int) -> None:
+        t = GGMLTensor.from_address(addr)
+        for s in [*t.src, t.view_src]:
+            if s and s not in self.seen:
+                self._add(s, None, "leaf")
+                self._srcs(s)
+
+    def _add(self, addr: int, index: Optional[int], kind: str) -> None:
+        self.seen[addr] = len(self.rows)
+        self.rows.append(self._row(addr, index, kind))
+        self.row_buffer.append(GGMLTensor.from_address(addr).buffer)
+
+
+def _decode_reserve_ubatch(llama_cpp, ctx, result: dict) -> None:
+    """Decode the reserve's pp ubatch for real: n_tokens = min(n_ctx, n_ubatch) tokens, every one
+    with logits (n_outputs = n_tokens, as the reserve's n_outputs_pp when n_outputs_max >= n_tokens),
+    split evenly over the n_seq_max sequences (seq s: positions 0..n_tokens/n_seq_max-1) as
+    balloc.ubatch_reserve lays them out; with one sequence: seq 0, positions 0..n_tokens-1.
+
+    This decode reuses the offsets of the final pp reservation: ggml_gallocr_alloc_graph only
+    re-plans when ggml_gallocr_needs_realloc finds a different node/leaf count or a tensor larger than
+    its reserved slot (ggml-alloc.c). Tensors whose shape depends on n_kv (the KQ mask, the K/V cache
+    views, kq, ...) are smaller here than at reserve time (n_kv = the used cells, padded, instead of
+    the whole cache), so they fit their slots; their "size" is the decode's, not the reserve's.
+    """
+    pp = result["graphs"]["pp"]
+    n_tokens, n_seqs = pp["n_tokens"], pp["n_seqs"]
+    per_seq = n_tokens // n_seqs
+    n_vocab = result["model"]["n_vocab"]
+    batch = llama_cpp.llama_batch_init(n_tokens, 0, 1)
+    try:
+        for i in range(n_tokens):
+            batch.token[i] = 1 + (i * 7919) % (n_vocab - 1)
+            batch.pos[i] = i % per_seq
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = i // per_seq
+            batch.logits[i] = 1
+        batch.n_tokens = n_tokens
+        rc = llama_cpp.llama_decode(ctx, batch)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+    if rc != 0:
+        raise RunError(f"llama_decode of the {n_tokens}-token reserve ubatch returned {rc}")
+
+
+def _tensor_checks(ggml: Ggml, shim: Shim, ctx, rec: TensorRecorder, result: dict) -> None:
+    if rec.error is not None:
+        raise RunError(f"reading tensors in the eval callback failed: {rec.error!r}")
+    checks = result["checks"]
+    checks["decode_nodes"] = rec.n_nodes
+    # set by the child process (isolated runs): a re-allocation would have aborted the decode
+    checks["decode_realloc_guard"] = os.environ.get("GGML_SCHED_DEBUG_REALLOC") == "2"
+    # compute buffers seen by the decode: same sizes as reserved (the allocator did not grow them)
+    seen_compute: dict[str, int] = {}
+    for name, usage, base, size in rec.buffers.values():
+        if usage == "compute":
+            seen_compute[name] = seen_compute.get(name, 0) + size
+    after = {}
+    for buft, m, c, k in shim.breakdown(ctx):
+        if k > 1:
+            after[ggml.buft_name(buft).decode()] = k
+    checks["decode_same_compute_buffers"] = after == result["compute_buffers"]
+    checks["decode_compute_buffers_seen"] = seen_compute
+    checks["decode_same_node_count"] = rec.n_nodes == result["graphs"]["pp"]["nodes"]
+    # the KV cache buffers, from the cache tensors the graph reads (cache_k_l0, cache_v_l0, ...)
+    kv_seen: dict[str, int] = {}
+    kv_bufs = {rec.row_buffer[i] for i, row in enumerate(rec.rows)
+               if row["name"].startswith("cache_") and row["view_of"] is None and rec.row_buffer[i]}
+    for b in kv_bufs:
+        name, _, _, size = rec.buffers[b]
+        kv_seen[name] = kv_seen.get(name, 0) + size
+    checks["kv_buffers_from_cache_tensors"] = kv_seen == result["kv_buffers"] if kv_seen else None
+
+
+def _child(request_path: str, result_path: str) -> int:
+    req = json.loads(Path(request_path).read_text())
+    if req["tensors"]:
+        # ggml_backend_sched_new reads it (ggml-backend.cpp): > 1 aborts on any re-allocation in
+        # ggml_backend_sched_alloc_splits, so a finished decode proves the reserve's plan was reused
+        os.environ["GGML_SCHED_DEBUG_REALLOC"] = "2"
+    try:
+        data = _run_here(req["model_path"], params_from_dict(req["params"]), req["tensors"], req["keep_log"],
+                         req.get("log_path"))
+        rc = 0
+    except LlamaCppMissing as e:
+        data, rc = {"error": str(e), "missing": True}, 2
+    except (RunError, NotImplementedError, OSError) as e:
+        data, rc = {"error": str(e)}, 1
+    tmp = result_path + ".tmp"
+    Path(tmp).write_text(json.dumps(data))
+    os.replace(tmp, result_path)
+    sys.stdout.flush()
+    # skip interpreter teardown: llama.cpp's static destructors (RPC dispatchers, ...) are not needed
+    os._exit(rc)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])

@@ -1,0 +1,66 @@
+// A C shim over llama.cpp's C++-only API (src/llama-ext.h, commit 0c1e57098), so that Python can
+// read exact byte counts through ctypes. No llama header is needed: the few types used are
+// declared here with the same layout and the same names (hence the same C++ mangled symbols).
+//
+// Built on first use by schedplan.backends.llama_cpp_run, linked against the libllama.so.0 of the
+// installed llama_cpp package (the copy the Python bindings already loaded: same soname).
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+
+struct ggml_backend_buffer_type;
+struct ggml_backend_device;
+struct llama_context;
+
+// src/llama-model.h: only the exported const member functions used below are declared.
+struct llama_model {
+    uint32_t n_gpu_layers() const;   // params.n_gpu_layers >= 0 ? it : n_layer_all + 1
+};
+
+// src/llama-ext.h
+struct llama_memory_breakdown_data {
+    size_t model   = 0;  // memory allocated for the model
+    size_t context = 0;  // memory allocated for the context (llama_memory: the KV cache)
+    size_t compute = 0;  // memory allocated for temporary compute buffers
+};
+
+using llama_memory_breakdown = std::map<ggml_backend_buffer_type *, llama_memory_breakdown_data>;
+
+llama_memory_breakdown llama_get_memory_breakdown(const llama_context * ctx);
+int32_t                llama_model_n_devices(const llama_model * model);
+ggml_backend_device *  llama_model_get_device(const llama_model * model, int i);
+
+extern "C" {
+
+// Fills up to `cap` entries; returns the number of buffer types in the breakdown (may exceed cap).
+int sp_memory_breakdown(const llama_context * ctx, int cap, void ** bufts, size_t * model, size_t * context,
+                        size_t * compute) {
+    const llama_memory_breakdown mb = llama_get_memory_breakdown(ctx);
+    int i = 0;
+    for (const auto & [buft, data] : mb) {
+        if (i < cap) {
+            bufts[i]   = buft;
+            model[i]   = data.model;
+            context[i] = data.context;
+            compute[i] = data.compute;
+        }
+        i++;
+    }
+    return i;
+}
+
+// The model's devices (llama_model::devices), in llama.cpp's order; returns their number.
+int sp_model_devices(const llama_model * model, int cap, void ** devs) {
+    const int n = llama_model_n_devices(model);
+    for (int i = 0; i < n && i < cap; i++) {
+        devs[i] = llama_model_get_device(model, i);
+    }
+    return n;
+}
+
+uint32_t sp_model_n_gpu_layers(const llama_model * model) {
+    return model->n_gpu_layers();
+}
+
+}  // extern "C"

@@ -2,6 +2,8 @@
 import click
 
 from schedplan.cli.reserve import reserve
+from schedplan.cli.run import run
+from schedplan.cli.verify import verify
 
 
 @click.group()
@@ -11,3 +13,5 @@ def cli() -> None:
 
 
 cli.add_command(reserve)
+cli.add_command(run)
+cli.add_command(verify)

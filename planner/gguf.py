@@ -94,7 +94,7 @@ class LazyArray:
     elem_type: int
     count: int
     offset: int
-    path: str = ""
+    path: str = field(default="", compare=False)
 
     def __len__(self) -> int:
         return self.count

@@ -199,7 +199,6 @@ class TensorAlloc:
 class Vbuffer:
     """struct vbuffer: the backend buffers (chunks) of one buffer id, by size."""
     chunks: list[int]
-    peak: Optional[Peak]   # the allocator's peak in the reserve that allocated this buffer
 
 
 class Gallocr:
@@ -353,7 +352,7 @@ class Gallocr:
                 if chunk.max_size > cur:
                     realloc = True
             if realloc:
-                self.buffers[i] = Vbuffer([chunk.max_size for chunk in alloc.chunks], alloc.peak)
+                self.buffers[i] = Vbuffer([chunk.max_size for chunk in alloc.chunks])
 
     def buffer_size(self, buffer_id: int) -> int:
         """ggml_gallocr_get_buffer_size (1100-1116): 0 without a buffer, 0 for a buffer already
@@ -368,9 +367,9 @@ class Gallocr:
         return list(buf.chunks) if buf is not None else []
 
     def peak(self, buffer_id: int) -> Optional[Peak]:
-        """Where the allocator stood when it last grew, in the reserve that sized this buffer."""
-        buf = self.buffers[buffer_id]
-        return buf.peak if buf is not None else None
+        """Where this buffer id's allocator stood when it last grew during the last reserve (its
+        size is that graph's own need, which the buffer may exceed); None if it holds nothing."""
+        return self.buf_tallocs[buffer_id].peak
 
     def tensor_alloc(self, t: Tensor) -> Optional[TensorAlloc]:
         """Where the last reserve put t; None for tensors with memory of their own (weights, KV)

@@ -355,8 +355,9 @@ def test_buffers_grow_across_reserves_but_do_not_shrink_for_smaller_graphs():
     g = reserve([buft()], nodes, leafs, galloc=g)
     assert g.buffer_size(0) == 12288 and g.chunk_sizes(0) == [12288]
     assert at(g, nodes[0]) == (0, 2048)
-    # the peak reported is that of the reserve that sized the buffer (16 tokens)
-    assert g.peak(0).size == 12288
+    # the peak is the last graph's own: h1 (node 0) with x, 6144 bytes, below the buffer's 12288
+    p = g.peak(0)
+    assert (p.node, p.size, p.tensors) == (0, 6144, [leafs[2], nodes[0]])
 
 
 def test_a_reallocation_takes_the_new_layout_even_when_smaller():

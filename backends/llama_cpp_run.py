@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -335,10 +336,11 @@ def run(model_path: str, params: Params, tensors: bool = False, *, keep_log: boo
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(json.dumps({"model_path": str(model_path), "params": dataclasses.asdict(params),
                                        "tensors": tensors, "keep_log": keep_log, "log_path": log_path}))
+        env = dict(os.environ, GGML_NO_BACKTRACE="1")   # an abort prints its message, not a gdb session
         try:
             proc = subprocess.run([sys.executable, "-m", "schedplan.backends.llama_cpp_run", str(request), str(result)],
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                                  timeout=timeout)
+                                  timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             raise RunError(f"llama.cpp did not finish within {timeout:g} s") from None
         data = json.loads(result.read_text()) if result.exists() else None
@@ -349,9 +351,17 @@ def run(model_path: str, params: Params, tensors: bool = False, *, keep_log: boo
         if "unexpected graph reallocation" in proc.stderr:
             raise RunError("the decode re-planned the compute buffers instead of reusing the reserve's allocation "
                            "(GGML_SCHED_DEBUG_REALLOC caught it): its tensor offsets would not be the reserve's")
-        tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-3:]
-        raise RunError(f"llama.cpp exited with status {proc.returncode}: {' | '.join(tail) or 'no message'}")
+        raise RunError(f"llama.cpp exited with status {proc.returncode}: {_crash_message(proc.stderr)}")
     return data
+
+
+def _crash_message(stderr: str) -> str:
+    """The ggml_abort line ("file.cpp:123: message") or a Python traceback's last line, else the tail."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    aborts = [ln for ln in lines if re.search(r"\.(c|cc|cpp|h):\d+: ", ln)]
+    if aborts:
+        return aborts[-1]
+    return " | ".join(lines[-3:]) or "no message"
 
 
 def params_from_dict(d: dict) -> Params:
@@ -379,12 +389,25 @@ def register_rpc_servers(ggml: Ggml, endpoints: tuple[str, ...]) -> None:
     for endpoint in endpoints:
         if endpoint in _registered_rpc:
             continue
+        _check_reachable(endpoint)       # an unreachable server makes ggml-rpc abort the process
         server_reg = add_server(endpoint.encode())
         if not server_reg:
             raise RunError(f"RPC server {endpoint} did not answer (is `python -m schedplan.backends.rpc_server` "
                            f"running there?)")
         ggml.register(server_reg)
         _registered_rpc[endpoint] = server_reg
+
+
+def _check_reachable(endpoint: str) -> None:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise RunError(f"RPC endpoint {endpoint!r} is not HOST:PORT")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except OSError as e:
+        raise RunError(f"RPC server {endpoint} is not reachable ({e.strerror or e}): start one with "
+                       f"`python -m schedplan.backends.rpc_server --port {port}`") from None
 
 
 def _device_list(ggml: Ggml, names: tuple[str, ...]):

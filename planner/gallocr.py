@@ -100,8 +100,9 @@ def dyn_tallocr_alloc(alloc: DynTallocr, size: int) -> tuple[int, int]:
 
     1. Best fit over every chunk's free blocks except its last; best_fit_size restarts at SIZE_MAX
        for each chunk (214) and the test is `<=` (218), so ties, and any fit in a later chunk, win.
-    2. Else the last block of each chunk, ranked by reuse factor max_size - offset - size: the first
-       non-negative one that is smallest, else the least negative (grows the chunk least).
+    2. Else the last block of each chunk that is big enough, by reuse factor max_size - offset - size:
+       the smallest non-negative one, else the largest negative one (grows the chunk least); on
+       equal factors the earlier chunk stays.
     3. Else a new chunk.
     """
     size = aligned_size(size, alloc.alignment)

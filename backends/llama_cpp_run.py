@@ -345,6 +345,8 @@ def run(model_path: str, params: Params, tensors: bool = False, *, keep_log: boo
             raise RunError(f"llama.cpp did not finish within {timeout:g} s") from None
         data = json.loads(result.read_text()) if result.exists() else None
     if data is not None and "error" in data:
+        if data.get("unsupported"):
+            raise NotImplementedError(data["error"])
         cls = LlamaCppMissing if data.get("missing") else RunError
         raise cls(data["error"])
     if proc.returncode != 0 or data is None:
@@ -556,7 +558,8 @@ def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str
             raise RunError("no 'Flash Attention enabled/disabled' line in llama.cpp's log for -fa auto")
         flash_attn = parsed["fa_probe"]
     type_k, type_v = parsed["kv_types"] or (params.type_k, params.type_v)
-    devices = [ggml.dev_name(d).decode() for d in shim.devices(model)]
+    model_devs = shim.devices(model)
+    devices = [ggml.dev_name(d).decode() for d in model_devs]
     if parsed.get("sched_copies") is None or "graphs" not in parsed:
         raise RunError("no sched_reserve graph/copies lines in llama.cpp's log: log format changed?")
 
@@ -565,9 +568,13 @@ def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str
            "type_k": type_k, "type_v": type_v, "n_gpu_layers": shim.model_n_gpu_layers(model),
            "sched_copies": parsed["sched_copies"], "devices": devices}
 
+    # buffer types in llama.cpp's backend order (model devices, then CPU), then the others by name
+    order = [ggml.buft_name(ggml.dev_buffer_type(d)).decode() for d in model_devs] + ["CPU"]
+    rank = {name: i for i, name in reversed(list(enumerate(order)))}
+    entries = [(ggml.buft_name(buft).decode(), m, c, k) for buft, m, c, k in shim.breakdown(ctx)]
+    entries.sort(key=lambda e: (rank.get(e[0], len(order)), e[0]))
     compute, kv, weights = {}, {}, {}
-    for buft, m, ctx_bytes, k in shim.breakdown(ctx):
-        name = ggml.buft_name(buft).decode()
+    for name, m, ctx_bytes, k in entries:
         if k > 1:            # sched_reserve logs (and so reports) a compute buffer only when > 1 byte
             compute[name] = compute.get(name, 0) + k
         if ctx_bytes:
@@ -766,7 +773,9 @@ def _child(request_path: str, result_path: str) -> int:
         rc = 0
     except LlamaCppMissing as e:
         data, rc = {"error": str(e), "missing": True}, 2
-    except (RunError, NotImplementedError, OSError) as e:
+    except NotImplementedError as e:
+        data, rc = {"error": str(e), "unsupported": True}, 2
+    except (RunError, OSError) as e:
         data, rc = {"error": str(e)}, 1
     tmp = result_path + ".tmp"
     Path(tmp).write_text(json.dumps(data))

@@ -236,6 +236,20 @@ def test_cli_run_errors_are_one_line(tmp_path):
     assert res.exit_code == 1 and res.output.strip().count("\n") == 0 and "Traceback" not in res.output
 
 
+def test_unknown_override_buffer_type_is_not_implemented():
+    runner = CliRunner()
+    res = runner.invoke(cli, ["run", str(SMOLLM2), "-c", "512", "-ot", "ffn_.*=CUDA0"])
+    assert res.exit_code == 2 and res.output.strip().count("\n") == 0 and "CUDA0" in res.output
+
+
+def test_buffer_types_in_backend_order(rpc_endpoints):
+    """Two RPC servers, everything offloaded: llama.cpp enables pipeline parallelism (4 copies)."""
+    r = lcr.run(str(SMOLLM2), Params(n_ctx=2048, n_ubatch=512, n_gpu_layers=99, rpc=tuple(rpc_endpoints)))
+    assert list(r["compute_buffers"]) == [f"RPC0[{e}]" for e in rpc_endpoints] + ["CPU"]
+    assert r["params"]["devices"] == ["RPC0", "RPC1"] and r["params"]["sched_copies"] == 4
+    _instrument_checks_pass(r)
+
+
 def test_cli_run_without_llama_cpp(monkeypatch):
     monkeypatch.setattr(lcr, "available", lambda: False)
     res = CliRunner().invoke(cli, ["run", str(SMOLLM2)])

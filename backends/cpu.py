@@ -2,12 +2,13 @@
 
 Buffer types: CPU (host, TENSOR_ALIGNMENT 32, ggml-impl.h:44), CPU_Mapped (weights mmapped from
 the file, same rules), CPU_REPACK (extra buffer type, not host; ggml-cpu/repack.cpp).
-alloc_size is ggml_nbytes for all of them.
+alloc_size is ggml_nbytes for all of them. The simulated CPU is x86-64 with AVX2 (no AVX-512),
+which decides what CPU_REPACK takes.
 """
 from __future__ import annotations
 
 from schedplan.backends.types import Backend, BufferType
-from schedplan.planner.ggml import Tensor
+from schedplan.planner.ggml import Tensor, type_name
 
 TENSOR_ALIGNMENT = 32
 
@@ -22,6 +23,18 @@ def cpu_mapped_buft() -> BufferType:
 
 def cpu_repack_buft() -> BufferType:
     return BufferType("CPU_REPACK", TENSOR_ALIGNMENT, is_host=False, device="CPU", is_extra=True)
+
+
+# ggml_repack_get_optimal_repack_type (ggml-cpu/repack.cpp:4925) on x86 with AVX2 (AVX-512 adds
+# Q2_K): the weight types that get a repacked layout, and the row multiple each needs.
+REPACK_X86_AVX2 = {"Q4_0": 8, "Q4_K": 8, "IQ4_NL": 8, "MXFP4": 8}
+
+
+def repacks(weight: Tensor) -> bool:
+    """Whether CPU_REPACK takes this weight: a 2-D matrix of a repackable type
+    (extra_buffer_type::supports_op, repack.cpp:5191, for a MUL_MAT weight)."""
+    rows = REPACK_X86_AVX2.get(type_name(weight.type).upper())
+    return rows is not None and weight.ne[2] == 1 and weight.ne[3] == 1 and weight.ne[1] % rows == 0
 
 
 def supports_op(t: Tensor) -> bool:

@@ -45,11 +45,26 @@ def plan_devices(params: Params, hp: HParams) -> Devices:
     return Devices([cpu_backend], [cpu_backend] * hp.n_layer, cpu_backend, n_gpu_layers)
 
 
-def weight_placement(devices: Devices, params: Params):
-    """The buffer type of each weight: mmapped from the file on the CPU (use_mmap, the default)."""
-    mapped = cpu.cpu_mapped_buft()
+# llm_tensor_info_for (src/llama-arch.cpp): the op that uses each weight decides its buffer type
+MUL_MAT_WEIGHTS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
+                   "ffn_up.weight", "ffn_down.weight", "output.weight")
 
-    def place(name: str, il: int) -> BufferType:
+
+def weight_op(name: str, il: int, n_layer: int) -> str:
+    if name == "token_embd.weight":
+        return "MUL_MAT" if il == n_layer else "GET_ROWS"   # a tied output is the duplicate at n_layer
+    return "MUL_MAT" if name.endswith(MUL_MAT_WEIGHTS) else "OTHER"
+
+
+def weight_placement(devices: Devices, params: Params, n_layer: int):
+    """The buffer type of each weight on the CPU (select_weight_buft, llama-model.cpp): the first of
+    [CPU_REPACK (with extra buffer types), CPU] that supports the weight's op; the CPU buffer type
+    is mmapped from the file (use_mmap, the default), so it shows as CPU_Mapped."""
+    mapped, repack = cpu.cpu_mapped_buft(), cpu.cpu_repack_buft()
+
+    def place(weight, name: str, il: int) -> BufferType:
+        if params.use_extra_bufts and weight_op(name, il, n_layer) == "MUL_MAT" and cpu.repacks(weight):
+            return repack
         return mapped
 
     return place

@@ -51,8 +51,8 @@ class Model:
     buffers: list[Buffer] = field(default_factory=list)   # in creation order
 
 
-# Placement: the buffer type for a weight, given its layer (-1 input, n_layer output) and name.
-Placement = Callable[[str, int], BufferType]
+# Placement: the buffer type for a weight (tensor, name, layer: -1 input, n_layer output).
+Placement = Callable[[Tensor, str, int], BufferType]
 
 
 @dataclass
@@ -68,14 +68,14 @@ class _Loader:
             if required:
                 raise UnsupportedModel(f"{self.header.path}: missing tensor '{name}'")
             return None
-        buft = self.place(name, il)
-        tensors = self.ctx.setdefault(buft.name, (buft, []))[1]
-        if duplicated:
-            for t in tensors:
-                if t.name == name:
-                    return t
         t = ggml.new_tensor(info.type, *info.ne)
         t.name = name
+        buft = self.place(t, name, il)
+        tensors = self.ctx.setdefault(buft.name, (buft, []))[1]
+        if duplicated:
+            for original in tensors:
+                if original.name == name:
+                    return original
         tensors.append(t)
         return t
 

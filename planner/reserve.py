@@ -51,7 +51,7 @@ def create_context(model_path: str, params: Params) -> Context:
     hp = load_hparams(header)
     cp = derive_cparams(params, hp)
     devices = plan_devices(params, hp)
-    model = load_model(header, hp, weight_placement(devices, params))
+    model = load_model(header, hp, weight_placement(devices, params, hp.n_layer))
 
     def kv_buft(il: int):
         # llama_kv_cache: the layer's device buffer type with offload_kqv, else the CPU buffer type

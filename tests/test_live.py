@@ -192,6 +192,26 @@ def test_scheduler_bookkeeping_nodes_of_the_plan_are_ignored(cpu_run):
     assert first_tensor_mismatch(plan, cpu_run) is None
 
 
+def test_verify_cli_against_itself_and_a_perturbed_copy(cpu_run, monkeypatch):
+    """`schedplan verify` with the planner replaced by the real result (exit 0), then by a copy
+    with one tensor moved (exit 1, the tensor named with its op and neighbours)."""
+    import schedplan.planner.reserve as planner_reserve
+
+    plan = copy.deepcopy(cpu_run)
+    monkeypatch.setattr(planner_reserve, "reserve", lambda path, params, tensors=False: plan)
+    args = ["verify", str(SMOLLM2), "-c", "2048", "-ub", "512"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "plan equals llama.cpp" in res.output and "compute_buffers.CPU" in res.output
+
+    k = next(i for i, t in enumerate(plan["tensors"]) if t["name"] == "ffn_out-3")
+    plan["tensors"][k]["offset"] += 32
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1
+    assert "first tensor mismatch: ffn_out-3 (MUL_MAT): offset differ" in res.output
+    assert "real neighbours:" in res.output and "plan neighbours:" in res.output
+
+
 # ------------------------------------------------------------------ the log parser
 
 def test_parse_log_both_graph_line_formats():

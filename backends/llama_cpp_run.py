@@ -379,6 +379,10 @@ _registered_rpc: dict[str, int] = {}   # endpoint -> reg, per process (the regis
 
 def register_rpc_servers(ggml: Ggml, endpoints: tuple[str, ...]) -> None:
     """common/arg.cpp add_rpc_devices: RPC reg -> ggml_backend_rpc_add_server(endpoint) -> register."""
+    stale = set(_registered_rpc) - set(endpoints)
+    if stale:
+        raise RunError(f"RPC servers {', '.join(sorted(stale))} stay registered in this process from an earlier "
+                       f"in-process run and would be used as devices: run with isolated=True")
     if not endpoints:
         return
     reg = ggml.reg_by_name(b"RPC")
@@ -738,7 +742,7 @@ def _tensor_checks(ggml: Ggml, shim: Shim, ctx, rec: TensorRecorder, result: dic
     checks = result["checks"]
     checks["decode_nodes"] = rec.n_nodes
     # set by the child process (isolated runs): a re-allocation would have aborted the decode
-    checks["decode_realloc_guard"] = os.environ.get("GGML_SCHED_DEBUG_REALLOC") == "2"
+    checks["decode_realloc_guard"] = True if os.environ.get("GGML_SCHED_DEBUG_REALLOC") == "2" else None
     # compute buffers seen by the decode: same sizes as reserved (the allocator did not grow them)
     seen_compute: dict[str, int] = {}
     for name, usage, base, size in rec.buffers.values():

@@ -558,9 +558,11 @@ def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str
     # flash attention as resolved: "on" stays on, "off" off, "auto" follows the probe (C:507-560)
     flash_attn = {"on": True, "off": False}.get(params.flash_attn)
     if flash_attn is None:
-        if parsed["fa_probe"] is None:
+        # llama_init_from_model turns "auto" into "on" for a quantized V cache: then no probe runs
+        # and "llama_context: flash_attn = enabled" is the only word on it
+        flash_attn = parsed["fa_probe"] if parsed["fa_probe"] is not None else c.get("flash_attn") == "enabled"
+        if parsed["fa_probe"] is None and c.get("flash_attn") != "enabled":
             raise RunError("no 'Flash Attention enabled/disabled' line in llama.cpp's log for -fa auto")
-        flash_attn = parsed["fa_probe"]
     type_k, type_v = parsed["kv_types"] or (params.type_k, params.type_v)
     model_devs = shim.devices(model)
     devices = [ggml.dev_name(d).decode() for d in model_devs]
@@ -610,7 +612,6 @@ def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str
                "nodes": g["tg"]["nodes"], "splits": g["tg"]["splits"]},
     }
 
-    import llama_cpp as _lc
     checks = {
         "compute_log_agrees": _log_agrees(parsed["compute"], compute),
         "model_log_agrees": _log_agrees(parsed["model"], weights),
@@ -619,7 +620,7 @@ def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str
     return {
         "schema": SCHEMA,
         "source": "llama.cpp",
-        "llama_cpp": {"commit": LLAMA_CPP_COMMIT, "llama_cpp_python": _lc.__version__},
+        "llama_cpp": {"commit": LLAMA_CPP_COMMIT, "llama_cpp_python": llama_cpp.__version__},
         "model": model_info,
         "params": eff,
         "compute_buffers": compute,

@@ -55,13 +55,21 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
         n_ctx = n_ctx_seq * n_seq_max
     type_k = ggml.type_by_name(params.type_k)
     type_v = ggml.type_by_name(params.type_v)
-    if params.flash_attn == "off" and ggml.is_quantized(type_v):
-        # llama_context: checked after sched_reserve (and also when auto resolves to off)
-        raise BadParams("quantized V cache was requested, but this requires Flash Attention")
+    flash_attn = params.flash_attn
+    # llama_init_from_model: a quantized V cache needs flash attention; "auto" becomes "on"
+    if ggml.is_quantized(type_v) and flash_attn != "on":
+        if flash_attn == "off":
+            raise BadParams("quantized V cache requires flash_attn to be enabled")
+        flash_attn = "on"
+    if flash_attn != "off":
+        for t, head, which in ((type_k, hp.n_embd_head_k, "K"), (type_v, hp.n_embd_head_v, "V")):
+            if ggml.is_quantized(t) and head % ggml.blck_size(t) != 0:
+                raise BadParams(f"{which} cache type {ggml.type_name(t)} with block size {ggml.blck_size(t)} "
+                                f"does not divide n_embd_head_{which.lower()}={head}")
     return CParams(
         n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
         n_outputs_max=n_outputs_max, kv_unified=params.kv_unified,
-        flash_attn=params.flash_attn != "off", auto_fa=params.flash_attn == "auto",
+        flash_attn=flash_attn != "off", auto_fa=flash_attn == "auto",
         offload_kqv=params.offload_kqv, op_offload=params.op_offload,
         type_k=type_k, type_v=type_v, swa_full=params.swa_full,
     )

@@ -47,6 +47,7 @@ class Backend:
     offload_op: Callable[[Tensor], bool] = field(default=lambda t: False)
     host_buft: Optional[BufferType] = None     # get_host_buffer_type (CUDA_Host, Vulkan_Host)
     is_async_with_events: bool = False         # async + events: needed for pipeline parallelism
+    device_name: str = "CPU"                   # ggml_backend_dev_name: "CPU", "RPC0", "CUDA0"
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r})"

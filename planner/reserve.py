@@ -63,7 +63,7 @@ def create_context(model_path: str, params: Params) -> Context:
     # output_reserve(n_seq_max): logits for n_seq_max outputs, f32
     output_size = hp.n_vocab * cp.n_seq_max * 4
     backend_bufts = [b.buft for b in devices.backends]
-    sched = Sched(devices.backends, backend_bufts, parallel=False, op_offload=cp.op_offload)
+    sched = Sched(devices.backends, backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size)
 
 
@@ -198,7 +198,7 @@ def effective_params(ctx: Context) -> dict:
             "n_seq_max": cp.n_seq_max, "n_outputs_max": cp.n_outputs_max, "kv_unified": cp.kv_unified,
             "flash_attn": cp.flash_attn, "type_k": ggml.type_name(cp.type_k), "type_v": ggml.type_name(cp.type_v),
             "n_gpu_layers": ctx.devices.n_gpu_layers, "sched_copies": ctx.sched.n_copies,
-            "devices": [b.name for b in ctx.devices.model_devices()]}
+            "devices": [b.device_name for b in ctx.devices.model_devices()]}
 
 
 def tensor_listing(ctx: Context) -> list[dict]:

@@ -16,25 +16,9 @@ from schedplan.planner.reserve import reserve
 GOLDENS = load_goldens()
 FIELDS = ["compute_buffers", "kv_buffers", "output_buffers", "model_buffers"]
 
-# Cases the engine does not plan yet, each with the issue that adds it.
-NOT_YET = {
-    "rpc": "multi-device plans (RPC servers) arrive with the multi-device issue",
-}
-
-
-def _reason(case: dict) -> str | None:
-    if case["n_rpc"]:
-        return NOT_YET["rpc"]
-    return None
-
-
 @pytest.fixture(params=GOLDENS, ids=[g["case"]["id"] for g in GOLDENS])
 def golden(request):
-    g = request.param
-    reason = _reason(g["case"])
-    if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
-    return g
+    return request.param
 
 
 def _plan(g: dict) -> dict:

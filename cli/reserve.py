@@ -47,6 +47,8 @@ def reserve(model: str, params: Params, tensors: bool, graph: str, as_json: bool
 def render(result: dict) -> str:
     """The human-readable report of a reserve result (plan or real run: same schema)."""
     out = [_params_line(result), "", buffers_table(result), "", graphs_table(result)]
+    if "splits" in result:
+        out += ["", splits_table(result["splits"])]
     if "tensors" in result:
         out += ["", tensors_table(result["tensors"])]
     return "\n".join(out)
@@ -79,6 +81,17 @@ def graphs_table(result: dict) -> str:
     g = result["graphs"]
     rows = [[key, g["pp"][key], g["tg"][key]] for key in ("n_tokens", "n_seqs", "n_outputs", "nodes", "splits")]
     return tabulate(rows, headers=["graph", "pp", "tg"], disable_numparse=True)
+
+
+def splits_table(splits: dict) -> str:
+    rows = []
+    for graph in ("pp", "tg"):
+        for sp in splits[graph]:
+            inputs = sp["inputs"]
+            rows.append([graph, sp["index"], sp["backend"], f"{sp['nodes'][0]}-{sp['nodes'][1] - 1}",
+                         f"{sp['first']} .. {sp['last']}", len(inputs), mib(sum(i["size"] for i in inputs))])
+    return tabulate(rows, headers=["graph", "split", "backend", "nodes", "first .. last", "inputs", "inputs MiB"],
+                    disable_numparse=True)
 
 
 def tensors_table(tensors: list[dict]) -> str:

@@ -31,6 +31,22 @@ class GraphStats:
     nodes: int
     splits: int
     buffers: dict[str, int]      # what this graph alone needs per buffer type
+    split_list: list[dict]       # the scheduler's splits: backend, node range, inputs
+
+
+def split_list(ctx: Context, nodes: list[ggml.Tensor]) -> list[dict]:
+    """The splits of the last scheduled graph: backend, node range [i_start, i_end) of the graph
+    (`nodes`, as ggml_backend_sched_split indexes it), and the inputs copied in from other
+    backends with their sizes."""
+    sched = ctx.sched
+    out = []
+    for i, split in enumerate(sched.splits[:sched.n_splits]):
+        out.append({"index": i, "backend": ctx.devices.backends[split.backend_id].name,
+                    "nodes": [split.i_start, split.i_end],
+                    "first": nodes[split.i_start].name if split.i_end > split.i_start else None,
+                    "last": nodes[split.i_end - 1].name if split.i_end > split.i_start else None,
+                    "inputs": [{"name": t.name, "size": t.nbytes} for t in split.inputs]})
+    return out
 
 
 @dataclass
@@ -132,7 +148,7 @@ def sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     for name, (nt, ns, no) in (("pp", (n_tokens, n_seqs, n_outputs_pp)), ("tg", (n_seqs, n_seqs, n_seqs))):
         g = graph_reserve(ctx, nt, ns, no)
         stats[name] = GraphStats(g.ubatch.n_tokens, ns, no, len(g.gf.nodes), ctx.sched.n_splits,
-                                 _buffer_sizes(ctx, _graph_alone_sizes(ctx)))
+                                 _buffer_sizes(ctx, _graph_alone_sizes(ctx)), split_list(ctx, g.gf.nodes))
     graph_reserve(ctx, n_tokens, n_seqs, n_outputs_pp)
     return stats
 
@@ -165,7 +181,8 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         "model": model_summary(ctx),
         "params": effective_params(ctx),
         "compute_buffers": compute,
-        "graphs": {name: vars(s) for name, s in stats.items()},
+        "graphs": {name: {k: v for k, v in vars(s).items() if k != "split_list"} for name, s in stats.items()},
+        "splits": {name: s.split_list for name, s in stats.items()},
         "kv_buffers": {name: b.size for name, b in ctx.kv.buffers.items()},
         "output_buffers": {ctx.devices.cpu.buft.name: ctx.output_buffer_size},
         "model_buffers": _sum_by_buft(ctx.model.buffers),

@@ -56,6 +56,7 @@ class GraphContext:
     gf: Cgraph = field(default_factory=Cgraph)
     t_logits: Optional[Tensor] = None
     t_embd: Optional[Tensor] = None
+    fused_flash_attn: list[tuple[Tensor, int]] = field(default_factory=list)   # res->add_fused_node
 
     @property
     def hparams(self):
@@ -203,6 +204,7 @@ class GraphContext:
             if v.type == ggml.T.F32:
                 v = ggml.cast(v, ggml.T.F16)
             cur = ggml.flash_attn_ext(q, k, v, kq_mask, kq_scale, 0.0, 0.0)
+            self.fused_flash_attn.append((cur, il))
             cur = ggml.reshape(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         else:
             kq = ggml.mul_mat(k, q)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from schedplan.planner import LLAMA_CPP_COMMIT, ggml
-from schedplan.planner.cparams import CParams, derive_cparams
+from schedplan.planner.cparams import BadParams, CParams, derive_cparams
 from schedplan.planner.devices import Devices, plan_devices, weight_placement
 from schedplan.planner.gguf import read_header
 from schedplan.planner.graph import GraphContext, Ubatch
@@ -117,24 +117,17 @@ def graph_reserve(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int, spli
 
 
 def resolve_flash_attn(ctx: Context) -> None:
-    """resolve_fused_ops for "auto": FA stays on only if every FLASH_ATTN_EXT runs on its layer's device."""
+    """resolve_fused_ops for "auto" (llama-context.cpp:507): a split-only probe graph of one token
+    per sequence; FA stays on only if every FLASH_ATTN_EXT runs on its layer's device."""
     cp = ctx.cparams
     if not cp.auto_fa:
         return
     n_seqs = cp.n_seq_max
-    g = graph_reserve(ctx, 1 * n_seqs, n_seqs, 1 * n_seqs, split_only=True)
-    layer = 0
-    for node in g.gf.nodes:
-        if node.op != "FLASH_ATTN_EXT":
-            continue
-        backend = ctx.sched.get_tensor_backend(node)
-        if backend is not ctx.devices.layer_backend[layer]:
-            cp.flash_attn = False
-            break
-        layer += 1
+    g = graph_reserve(ctx, n_seqs, n_seqs, n_seqs, split_only=True)
+    cp.flash_attn = all(ctx.sched.get_tensor_backend(node) is ctx.devices.layer_backend[il]
+                        for node, il in g.fused_flash_attn)
     cp.auto_fa = False
     if not cp.flash_attn and ggml.is_quantized(cp.type_v):
-        from schedplan.planner.cparams import BadParams
         raise BadParams("quantized V cache was requested, but this requires Flash Attention")
 
 

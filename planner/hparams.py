@@ -48,6 +48,26 @@ class HParams:
         return max(self.n_embd_v_gqa(il) for il in range(self.n_layer))
 
 
+def _int(header: GGUFHeader, key: str, value) -> int:
+    """An integer GGUF value; anything else (string, float, bool, array) is one clear error, as
+    llama.cpp's typed key getters reject it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UnsupportedModel(f"{header.path}: GGUF key {key} has {_describe(header, key, value)}, expected an integer")
+    return value
+
+
+def _float(header: GGUFHeader, key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UnsupportedModel(f"{header.path}: GGUF key {key} has {_describe(header, key, value)}, expected a number")
+    return float(value)
+
+
+def _describe(header: GGUFHeader, key: str, value) -> str:
+    from schedplan.planner.gguf import _type_name
+    t = header.kv_types.get(key)
+    return f"a value of type {_type_name(*t)}" if t else f"the value {value!r}"
+
+
 def _per_layer(header: GGUFHeader, key: str, n_layer: int, default: int | None = None) -> tuple[int, ...]:
     """llama_model_loader::get_key_or_arr: a scalar applies to every layer, an array gives one per layer."""
     value = header.get(key, default)
@@ -56,8 +76,8 @@ def _per_layer(header: GGUFHeader, key: str, n_layer: int, default: int | None =
     if isinstance(value, (list, tuple)):
         if len(value) != n_layer:
             raise UnsupportedModel(f"{header.path}: {key} has {len(value)} entries for {n_layer} layers")
-        return tuple(int(v) for v in value)
-    return (int(value),) * n_layer
+        return tuple(_int(header, key, v) for v in value)
+    return (_int(header, key, value),) * n_layer
 
 
 def _required(header: GGUFHeader, key: str):
@@ -67,33 +87,43 @@ def _required(header: GGUFHeader, key: str):
     return value
 
 
+def _get_int(header: GGUFHeader, key: str, default: int) -> int:
+    return _int(header, key, header.get(key, default))
+
+
+def _get_float(header: GGUFHeader, key: str, default: float) -> float:
+    return _float(header, key, header.get(key, default))
+
+
 def load_hparams(header: GGUFHeader) -> HParams:
     arch = header.arch()
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModel(
             f"{header.path}: architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
     p = f"{arch}."
-    n_layer = int(_required(header, p + "block_count"))
-    n_embd = int(_required(header, p + "embedding_length"))
+    n_layer = _int(header, p + "block_count", _required(header, p + "block_count"))
+    if n_layer < 1:
+        raise UnsupportedModel(f"{header.path}: {p}block_count is {n_layer}: the model has no layers")
+    n_embd = _int(header, p + "embedding_length", _required(header, p + "embedding_length"))
     n_head = _per_layer(header, p + "attention.head_count", n_layer)
     n_head_kv = _per_layer(header, p + "attention.head_count_kv", n_layer, default=n_head[0])
     n_ff = _per_layer(header, p + "feed_forward_length", n_layer, default=0)
     if n_head[0] == 0 or n_embd % n_head[0] != 0:
         raise UnsupportedModel(f"{header.path}: n_embd {n_embd} is not a multiple of n_head {n_head[0]}")
     # load_hparams: n_embd_head_k = n_embd / n_head unless attention.key_length says otherwise
-    n_embd_head_k = int(header.get(p + "attention.key_length", n_embd // n_head[0]))
-    n_embd_head_v = int(header.get(p + "attention.value_length", n_embd // n_head[0]))
-    n_rot = int(header.get(p + "rope.dimension_count", n_embd_head_k))
+    n_embd_head_k = _get_int(header, p + "attention.key_length", n_embd // n_head[0])
+    n_embd_head_v = _get_int(header, p + "attention.value_length", n_embd // n_head[0])
+    n_rot = _get_int(header, p + "rope.dimension_count", n_embd_head_k)
     # load_arch_hparams (models/llama.cpp): vocab_size key, else the tokenizer's token count
     n_vocab = header.get(p + "vocab_size")
     if n_vocab is None:
         n_vocab = header.array_len("tokenizer.ggml.tokens") if header.get("tokenizer.ggml.tokens") is not None else 0
-    n_expert = int(header.get(p + "expert_count", 0))
+    n_expert = _get_int(header, p + "expert_count", 0)
     if n_expert:
         raise UnsupportedModel(f"{header.path}: mixture-of-experts llama models are not supported yet")
     return HParams(
         arch=arch,
-        n_ctx_train=int(_required(header, p + "context_length")),
+        n_ctx_train=_int(header, p + "context_length", _required(header, p + "context_length")),
         n_embd=n_embd,
         n_layer=n_layer,
         n_head=n_head,
@@ -102,9 +132,9 @@ def load_hparams(header: GGUFHeader) -> HParams:
         n_embd_head_k=n_embd_head_k,
         n_embd_head_v=n_embd_head_v,
         n_rot=n_rot,
-        n_vocab=int(n_vocab),
+        n_vocab=_int(header, p + "vocab_size", n_vocab),
         n_expert=n_expert,
-        f_norm_rms_eps=float(header.get(p + "attention.layer_norm_rms_epsilon", 0.0)),
-        f_attention_scale=float(header.get(p + "attention.scale", 0.0)),
-        rope_freq_base_train=float(header.get(p + "rope.freq_base", 10000.0)),
+        f_norm_rms_eps=_get_float(header, p + "attention.layer_norm_rms_epsilon", 0.0),
+        f_attention_scale=_get_float(header, p + "attention.scale", 0.0),
+        rope_freq_base_train=_get_float(header, p + "rope.freq_base", 10000.0),
     )

@@ -39,7 +39,7 @@ class CParams:
 
 def derive_cparams(params: Params, hp: HParams) -> CParams:
     if params.n_seq_max > LLAMA_MAX_SEQ:
-        raise BadParams(f"n_seq_max must be <= {LLAMA_MAX_SEQ}")
+        raise BadParams(f"-np {params.n_seq_max}: llama.cpp allows at most {LLAMA_MAX_SEQ} sequences (n_seq_max)")
     n_seq_max = max(1, params.n_seq_max)
     n_ctx = hp.n_ctx_train if params.n_ctx == 0 else params.n_ctx
     n_batch = min(n_ctx, params.n_batch) if hp.causal_attn else params.n_batch
@@ -51,7 +51,7 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
     else:
         n_ctx_seq = pad(n_ctx // n_seq_max, 256)
         if n_ctx_seq == 0:
-            raise BadParams("n_ctx_seq == 0")
+            raise BadParams(f"empty context per sequence (n_ctx_seq == 0): -c {params.n_ctx} over -np {n_seq_max}")
         n_ctx = n_ctx_seq * n_seq_max
     type_k = ggml.type_by_name(params.type_k)
     type_v = ggml.type_by_name(params.type_v)
@@ -59,7 +59,8 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
     # llama_init_from_model: a quantized V cache needs flash attention; "auto" becomes "on"
     if ggml.is_quantized(type_v) and flash_attn != "on":
         if flash_attn == "off":
-            raise BadParams("quantized V cache requires flash_attn to be enabled")
+            raise BadParams(f"-ctv {params.type_v}: a quantized V cache requires flash attention, "
+                            f"but -fa is off (use -fa on or -fa auto)")
         flash_attn = "on"
     if flash_attn != "off":
         for t, head, which in ((type_k, hp.n_embd_head_k, "K"), (type_v, hp.n_embd_head_v, "V")):

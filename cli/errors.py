@@ -1,4 +1,15 @@
-"""Bad input becomes one clear line on stderr and a non-zero exit, never a traceback."""
+"""Bad input becomes one clear line on stderr and a non-zero exit, never a traceback.
+
+Two paths lead there:
+- errors found while planning (unreadable file, bad GGUF, unsupported model, impossible parameters)
+  raise one of USER_ERRORS; the command body runs inside fail_cleanly(), which prints
+  "error: <message>" and exits with status 2;
+- errors click finds while parsing the command line (a directory for MODEL, -np 300, an unknown
+  option) never reach the command body: click prints its usage, a hint and "Error: ..." on three
+  lines. For schedplan's commands, click_usage_error_one_line() (installed below, on import of this
+  module, which every command imports) prints them the same way: "error: <message> (see
+  'schedplan reserve --help')", exit status 2 (click's usage-error status) unchanged.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -24,3 +35,29 @@ def fail_cleanly():
             message = f"{e.filename}: {e.strerror}"
         click.echo(f"error: {message}", err=True)
         raise SystemExit(2)
+
+
+def _is_schedplan_command(ctx: click.Context | None) -> bool:
+    """Whether the command line being parsed is schedplan's (the root command is defined in schedplan)."""
+    if ctx is None:
+        return False
+    callback = ctx.find_root().command.callback
+    return getattr(callback, "__module__", "").startswith("schedplan.")
+
+
+_click_usage_error_show = click.exceptions.UsageError.show
+
+
+def click_usage_error_one_line(self: click.exceptions.UsageError, file=None) -> None:
+    """UsageError.show for schedplan's commands: one "error:" line on stderr; other click programs
+    in the same process keep click's own output."""
+    if not _is_schedplan_command(self.ctx):
+        return _click_usage_error_show(self, file)
+    message = self.format_message().replace("\n", " ").strip()
+    ctx = self.ctx
+    if ctx.command.get_help_option(ctx) is not None:
+        message += f" (see '{ctx.command_path} --help')"
+    click.echo(f"error: {message}", file=file, err=file is None, color=ctx.color)
+
+
+click.exceptions.UsageError.show = click_usage_error_one_line

@@ -1,0 +1,259 @@
+"""`schedplan reserve` from the command line: the table, --json, --tensors, and one-line errors.
+
+Fast and offline: the bundled tiny-llama header and small generated or damaged copies of it; no
+llama.cpp. Most cases go through click's CliRunner (in process); a few run the installed command in
+a real subprocess, where click's standalone error handling and the exit status are the real ones.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from schedplan.cli.main import cli
+from schedplan.planner.gguf import read_header
+from schedplan.planner.hparams import SUPPORTED_ARCHS
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "fixtures" / "gguf" / "tiny-llama.gguf"
+SCHEMA_KEYS = {"schema", "model", "params", "compute_buffers", "graphs", "kv_buffers", "output_buffers",
+               "model_buffers"}
+
+
+def invoke(*args) -> "click.testing.Result":  # noqa: F821
+    return CliRunner().invoke(cli, ["reserve", *map(str, args)])
+
+
+def schedplan_command() -> list[str]:
+    """The installed console script next to this interpreter, else the same entry point through -c."""
+    exe = Path(sys.executable).with_name("schedplan")
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-c", "import sys; from schedplan.cli.main import cli; sys.argv[0] = 'schedplan'; cli()"]
+
+
+def run_schedplan(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([*schedplan_command(), "reserve", *map(str, args)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_one_line_error(exit_code: int, stdout: str, stderr: str, *needles: str) -> str:
+    """A non-zero exit, nothing on stdout, exactly one line on stderr starting with "error:", no
+    traceback; the line contains every needle (case-insensitive). Returns the line."""
+    assert exit_code != 0, stdout
+    assert "Traceback" not in stdout + stderr, stderr
+    assert stdout == "", stdout
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    line = lines[0]
+    assert line.startswith("error: "), line
+    for needle in needles:
+        assert needle.lower() in line.lower(), (needle, line)
+    return line
+
+
+def assert_cli_error(res, *needles: str) -> str:
+    # an exception other than SystemExit escaped the command: that is a traceback for the user
+    assert isinstance(res.exception, SystemExit), repr(res.exception)
+    return assert_one_line_error(res.exit_code, res.stdout, res.stderr, *needles)
+
+
+# ------------------------------------------------------------------------------------------ success
+
+def test_table_on_the_bundled_header():
+    res = invoke(TINY, "-c", "512")
+    assert res.exit_code == 0, res.output
+    assert res.stderr == ""
+    out = res.stdout
+    for text in ("buffer type", "model MiB", "KV MiB", "output MiB", "compute MiB", "total bytes",
+                 "n_tokens", "nodes", "splits", "llama, 2 layers"):
+        assert text in out, text
+    data = json.loads(invoke(TINY, "-c", "512", "--json").stdout)
+    total = sum(sum(data[key].values()) for key in ("model_buffers", "kv_buffers", "output_buffers",
+                                                     "compute_buffers"))
+    total_row = next(line for line in out.splitlines() if line.startswith("total"))
+    assert total_row.split()[-1] == f"{total:,}"
+
+
+def test_json_schema_keys():
+    res = invoke(TINY, "-c", "512", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert SCHEMA_KEYS <= set(data)
+    assert "tensors" not in data
+    assert data["schema"] == "schedplan.reserve/1"
+    assert data["model"]["arch"] == "llama" and data["params"]["n_ctx"] == 512
+    assert set(data["graphs"]) == {"pp", "tg"}
+    for key in ("compute_buffers", "kv_buffers", "output_buffers", "model_buffers"):
+        assert data[key] and all(isinstance(v, int) and v > 0 for v in data[key].values()), key
+
+
+@pytest.mark.parametrize("graph", ["pp", "tg"])
+def test_json_tensors_lie_inside_their_compute_buffer(graph):
+    res = invoke(TINY, "-c", "512", "--json", "--tensors", "--graph", graph)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert SCHEMA_KEYS | {"tensors"} <= set(data)
+    compute = data["compute_buffers"]
+    weights = {t.name for t in read_header(TINY).tensors}
+
+    def is_compute(row) -> bool:
+        """Allocated by the graph allocator: not a weight, not the KV cache (nor a view of those)."""
+        base = row["view_of"] or row["name"]
+        return row["buffer"] in compute and base not in weights and not base.startswith("cache_")
+
+    rows = data["tensors"]
+    compute_rows = [r for r in rows if is_compute(r)]
+    assert len(compute_rows) > 20
+    for r in compute_rows:
+        assert r["offset"] is not None and r["offset"] >= 0, r
+        assert r["offset"] + r["size"] <= compute[r["buffer"]], r
+    peak = [r for r in rows if r["at_peak"]]
+    assert peak, "no tensor is marked at_peak"
+    assert all(is_compute(r) for r in peak)
+    if graph == "pp":
+        assert max(r["ne"][1] for r in compute_rows) == data["graphs"]["pp"]["n_tokens"]
+
+
+def test_subprocess_table_and_json():
+    proc = run_schedplan(TINY, "-c", "512")
+    assert proc.returncode == 0, proc.stderr
+    assert "compute MiB" in proc.stdout and "Traceback" not in proc.stderr
+    proc = run_schedplan(TINY, "-c", "512", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert SCHEMA_KEYS <= set(json.loads(proc.stdout))
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+def _tiny_bytes() -> bytes:
+    return TINY.read_bytes()
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def write_header(path: Path, arch: str, metadata: dict, tensors: bool = True) -> Path:
+    """A small header written with gguf.GGUFWriter (arbitrary architecture and key types):
+    metadata maps key -> (value, GGUFValueType), a list value being an array of that type."""
+    from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+    writer = GGUFWriter(path, arch)
+    for key, (value, vtype) in metadata.items():
+        if isinstance(value, list):
+            writer.add_key_value(key, value, GGUFValueType.ARRAY, sub_type=vtype)
+        else:
+            writer.add_key_value(key, value, vtype)
+    if tensors:
+        writer.add_tensor_info("token_embd.weight", (1024, 256), np.dtype(np.float32), 1024 * 256 * 4,
+                               raw_dtype=GGMLQuantizationType.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    return path
+
+
+def _llama_keys(**changes) -> dict:
+    from gguf import GGUFValueType as T
+    keys = {"llama.block_count": (2, T.UINT32), "llama.context_length": (512, T.UINT32),
+            "llama.embedding_length": (256, T.UINT32), "llama.attention.head_count": (4, T.UINT32),
+            "llama.feed_forward_length": (512, T.UINT32)}
+    keys.update({f"llama.{k.replace('__', '.')}": v for k, v in changes.items()})
+    return keys
+
+
+def test_missing_file(tmp_path):
+    assert_cli_error(invoke(tmp_path / "missing.gguf"), "missing.gguf", "no such file")
+
+
+def test_directory(tmp_path):
+    assert_cli_error(invoke(tmp_path), "directory")
+
+
+def test_empty_file(tmp_path):
+    assert_cli_error(invoke(_write(tmp_path / "empty.gguf", b"")), "empty.gguf", "empty")
+
+
+def test_bad_magic(tmp_path):
+    path = _write(tmp_path / "magic.gguf", b"GGML" + _tiny_bytes()[4:])
+    assert_cli_error(invoke(path), "magic.gguf", "not a GGUF file")
+
+
+def test_truncated_header_at_several_points(tmp_path):
+    data = _tiny_bytes()
+    header = read_header(TINY)
+    inside = header.data_offset - header.alignment - 1      # before the end of the tensor infos
+    cuts = sorted({1, 3, 4, 6, 8, 12, 16, 20, 24, 40, 200, inside // 4, inside // 2, 3 * inside // 4, inside})
+    path = tmp_path / "cut.gguf"
+    for n in cuts:
+        path.write_bytes(data[:n])
+        line = assert_cli_error(invoke(path), "cut.gguf")
+        assert any(w in line for w in ("truncated", "does not fit", "not a GGUF", "absurd")), (n, line)
+
+
+@pytest.mark.parametrize("field,what", [(8, "tensor count"), (16, "key-value count")])
+def test_absurd_counts(tmp_path, field, what):
+    data = bytearray(_tiny_bytes())
+    for count in (1 << 40, (1 << 63) - 1, -1):
+        struct.pack_into("<q", data, field, count)
+        path = _write(tmp_path / "absurd.gguf", bytes(data))
+        assert_cli_error(invoke(path), f"absurd {what}")
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path):
+    from gguf import GGUFValueType as T
+    path = write_header(tmp_path / "gpt2.gguf", "gpt2", {
+        "gpt2.block_count": (12, T.UINT32), "gpt2.context_length": (1024, T.UINT32),
+        "gpt2.embedding_length": (768, T.UINT32), "gpt2.attention.head_count": (12, T.UINT32)})
+    line = assert_cli_error(invoke(path), "gpt2")
+    for arch in SUPPORTED_ARCHS:
+        assert arch in line.split("gpt2", 1)[1], line
+
+
+@pytest.mark.parametrize("change,needles", [
+    ({"block_count": ("two", "str")}, ("llama.block_count", "str", "integer")),
+    ({"embedding_length": ([256, 256], "u32")}, ("llama.embedding_length", "integer")),
+    ({"attention__head_count": (["a", "b"], "str")}, ("llama.attention.head_count", "integer")),
+    ({"rope__freq_base": ("x", "str")}, ("llama.rope.freq_base", "number")),
+    ({"block_count": (0, "u32")}, ("block_count", "no layers")),
+])
+def test_malformed_hyperparameters(tmp_path, change, needles):
+    from gguf import GGUFValueType as T
+    types = {"str": T.STRING, "u32": T.UINT32}
+    path = write_header(tmp_path / "bad.gguf", "llama",
+                        _llama_keys(**{k: (v, types[t]) for k, (v, t) in change.items()}))
+    assert_cli_error(invoke(path), *needles)
+
+
+def test_quantized_v_cache_without_flash_attention():
+    assert_cli_error(invoke(TINY, "-fa", "off", "-ctv", "q8_0"), "q8_0", "flash attention", "-fa")
+
+
+def test_too_many_sequences():
+    assert_cli_error(invoke(TINY, "-np", "300"), "300", "256")
+
+
+def test_unknown_option_is_one_line():
+    assert_cli_error(invoke(TINY, "--no-such-flag"), "--no-such-flag", "--help")
+
+
+@pytest.mark.parametrize("make,args,needles", [
+    (lambda tmp: tmp / "missing.gguf", (), ("missing.gguf",)),
+    (lambda tmp: tmp, (), ("directory",)),
+    (lambda tmp: _write(tmp / "magic.gguf", b"GGML" + _tiny_bytes()[4:]), (), ("not a GGUF file",)),
+    (lambda tmp: TINY, ("-np", "300"), ("300",)),
+    (lambda tmp: TINY, ("-fa", "off", "-ctv", "q8_0"), ("q8_0",)),
+])
+def test_subprocess_errors(tmp_path, make, args, needles):
+    proc = run_schedplan(make(tmp_path), *args)
+    assert proc.returncode == 2
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, *needles)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +36,7 @@ def _time(fn, repeat: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def _plain_loop(path):
+def _checked_loop(path):
     fast = g._skip_strings
     g._skip_strings = g._skip_strings_loop
     try:
@@ -44,10 +45,18 @@ def _plain_loop(path):
         g._skip_strings = fast
 
 
+def _import_cost(module: str) -> float:
+    """Wall time a fresh interpreter spends importing `module` (median of 3, startup subtracted)."""
+    def wall(code: str) -> float:
+        return _time(lambda: subprocess.run([sys.executable, "-c", code], check=True), 3)
+    return wall(f"import {module}") - wall("pass")
+
+
 def bench(path: Path, repeat: int, with_reader: bool) -> list[tuple[str, float]]:
     g.read_header(path)                       # warm the page cache
     rows = [("read_header", _time(lambda: g.read_header(path), repeat)),
-            ("read_header, plain loop", _time(lambda: _plain_loop(path), max(3, repeat // 4)))]
+            ("read_header, every length checked", _time(lambda: _checked_loop(path), max(3, repeat // 4))),
+            ("import numpy (what a vectorised skip would cost the command first)", _import_cost("numpy"))]
     if with_reader:
         import gguf
         rows.append(("gguf.GGUFReader", _time(lambda: gguf.GGUFReader(path), 1)))

@@ -6,10 +6,11 @@ Tensors carry no data; `buffer`/`offset` are filled by placement (weights, KV) o
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from schedplan.planner.gguf import GGML_TYPE_SIZES
 
 if TYPE_CHECKING:
     from schedplan.backends.types import BufferType
@@ -20,18 +21,29 @@ FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS = 1, 2, 4, 8
 # ops that only make a view of src[0] (ggml_op_is_view / ggml_is_view_op in ggml-impl.h)
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
 
-T = GGMLQuantizationType
+
+class T(enum.IntEnum):
+    """ggml.h enum ggml_type (ids 4, 5, 31-33, 36-38 were removed)."""
+    F32, F16, Q4_0, Q4_1 = 0, 1, 2, 3
+    Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = range(6, 16)
+    IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS = range(16, 24)
+    I8, I16, I32, I64, F64, IQ1_M, BF16 = range(24, 31)
+    TQ1_0, TQ2_0 = 34, 35
+    MXFP4, NVFP4, Q1_0, Q2_0 = 39, 40, 41, 42
+
+
+# ggml_type_name: type_traits[].type_name in ggml.c (the K-quants keep a capital K)
+_NAMES = {t: t.name.lower().replace("_k", "_K") for t in T}
+_BY_NAME = {name.lower(): t for t, name in _NAMES.items()}
+_SIZES = GGML_TYPE_SIZES   # type -> (block size, bytes per block), from ggml.c type_traits
 
 
 def type_name(t: int) -> str:
-    return T(t).name.lower()
+    return _NAMES[t]
 
 
 def type_by_name(name: str) -> int:
-    return int(T[name.upper()])
-
-
-_SIZES = {int(t): sizes for t, sizes in GGML_QUANT_SIZES.items()}   # type -> (block size, type size)
+    return int(_BY_NAME[name.lower()])
 
 
 def blck_size(t: int) -> int:

@@ -21,10 +21,14 @@ def mib(n: int) -> str:
 @click.argument("model", type=click.Path(dir_okay=False))
 @plan_options
 @click.option("--tensors", is_flag=True, help="List every tensor of the graph with its buffer and offset.")
+@click.option("--peak", is_flag=True,
+              help="For each compute buffer, the node at which the graph's allocation peaks (numbered as "
+                   "--tensors numbers nodes) and the tensors holding memory then, by offset.")
 @click.option("--graph", "graph", type=click.Choice(["pp", "tg"]), default="pp", show_default=True,
-              help="Which graph --tensors lists.")
-@click.option("--json", "as_json", is_flag=True, help="Print the machine-readable result.")
-def reserve(model: str, params: Params, tensors: bool, graph: str, as_json: bool) -> None:
+              help="Which graph --tensors and --peak show.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the machine-readable result (peaks of both graphs included, under \"peaks\").")
+def reserve(model: str, params: Params, tensors: bool, peak: bool, graph: str, as_json: bool) -> None:
     """Plan the buffers llama.cpp reserves for MODEL (a GGUF file; only its header is read).
 
     Prints, per buffer type, the compute buffer (the worst case of the pp and tg graphs), the KV
@@ -42,6 +46,9 @@ def reserve(model: str, params: Params, tensors: bool, graph: str, as_json: bool
         click.echo(json.dumps(result, indent=1))
         return
     click.echo(render(result))
+    if peak:
+        click.echo("")
+        click.echo(peaks_section(result["peaks"][graph], graph))
 
 
 def render(result: dict) -> str:
@@ -100,3 +107,22 @@ def tensors_table(tensors: list[dict]) -> str:
              t["size"], "*" if t.get("at_peak") else ""] for t in tensors]
     return tabulate(rows, headers=["#", "name", "op", "ne", "type", "backend", "buffer", "offset", "size", "peak"],
                     disable_numparse=True)
+
+
+def peak_at(peak: dict) -> str:
+    """Where a buffer peaks: its size and the node being allocated then."""
+    where = (f"node {peak['node']} {peak['node_name']} ({peak['node_op']})" if peak["node"] >= 0
+             else "before the first node (leafs and inputs)")
+    return f"{mib(peak['size'])} MiB ({peak['size']:,} bytes) at {where}"
+
+
+def peak_table(peak: dict) -> str:
+    rows = [[f"{t['offset']:,}", f"{t['size']:,}", mib(t["size"]), t["name"], t["op"]] for t in peak["tensors"]]
+    return tabulate(rows, headers=["offset", "size", "MiB", "tensor", "op"], disable_numparse=True,
+                    colalign=("right", "right", "right", "left", "left"))
+
+
+def peaks_section(peaks: dict, graph: str) -> str:
+    """Per compute buffer type: where the graph's allocation peaks and the tensors alive then."""
+    return "\n\n".join(f"{buft} compute buffer, {graph} graph: peak {peak_at(peak)}, "
+                       f"{len(peak['tensors'])} tensors hold memory:\n{peak_table(peak)}" for buft, peak in peaks.items())

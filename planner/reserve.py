@@ -32,6 +32,7 @@ class GraphStats:
     splits: int
     buffers: dict[str, int]      # what this graph alone needs per buffer type
     split_list: list[dict]       # the scheduler's splits: backend, node range, inputs
+    peaks: dict[str, dict]       # per buffer type, where this graph's allocation peaked
 
 
 def split_list(ctx: Context, nodes: list[ggml.Tensor]) -> list[dict]:
@@ -141,9 +142,30 @@ def sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     for name, (nt, ns, no) in (("pp", (n_tokens, n_seqs, n_outputs_pp)), ("tg", (n_seqs, n_seqs, n_seqs))):
         g = graph_reserve(ctx, nt, ns, no)
         stats[name] = GraphStats(g.ubatch.n_tokens, ns, no, len(g.gf.nodes), ctx.sched.n_splits,
-                                 _buffer_sizes(ctx, _graph_alone_sizes(ctx)), split_list(ctx, g.gf.nodes))
+                                 _buffer_sizes(ctx, _graph_alone_sizes(ctx)), split_list(ctx, g.gf.nodes),
+                                 graph_peaks(ctx))
     graph_reserve(ctx, n_tokens, n_seqs, n_outputs_pp)
+    stats["pp"].peaks = graph_peaks(ctx)   # the final reservation's
     return stats
+
+
+def graph_peaks(ctx: Context) -> dict[str, dict]:
+    """Per buffer type (as _buffer_sizes counts them), the last reserved graph's allocation peak:
+    the node being allocated when the buffer last grew (index in the scheduler's graph; -1 while
+    leafs and inputs are allocated), the size then, and the tensors holding memory then."""
+    sched, galloc = ctx.sched, ctx.sched.galloc
+    out = {}
+    for i, size in enumerate(_graph_alone_sizes(ctx)):
+        if size <= 1:
+            continue
+        peak = galloc.peak(i)
+        node = sched.graph.nodes[peak.node] if peak.node >= 0 else None
+        tensors = sorted(({"name": t.name, "op": t.op, "offset": galloc.tensor_alloc(t).offset, "size": t.nbytes}
+                          for t in peak.tensors), key=lambda t: t["offset"])
+        out[sched.get_buffer_type(i).name] = {"node": peak.node, "node_name": node.name if node else None,
+                                              "node_op": node.op if node else None, "size": peak.size,
+                                              "tensors": tensors}
+    return out
 
 
 def _graph_alone_sizes(ctx: Context) -> list[int]:
@@ -174,8 +196,10 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         "model": model_summary(ctx),
         "params": effective_params(ctx),
         "compute_buffers": compute,
-        "graphs": {name: {k: v for k, v in vars(s).items() if k != "split_list"} for name, s in stats.items()},
+        "graphs": {name: {k: v for k, v in vars(s).items() if k not in ("split_list", "peaks")}
+                   for name, s in stats.items()},
         "splits": {name: s.split_list for name, s in stats.items()},
+        "peaks": {name: s.peaks for name, s in stats.items()},
         "kv_buffers": {name: b.size for name, b in ctx.kv.buffers.items()},
         "output_buffers": {ctx.devices.cpu.buft.name: ctx.output_buffer_size},
         "model_buffers": _sum_by_buft(ctx.model.buffers),

@@ -237,24 +237,36 @@ def effective_params(ctx: Context) -> dict:
 
 def tensor_listing(ctx: Context) -> list[dict]:
     """Every tensor of the scheduler's copy of the last reserved graph (nodes, then leafs), with
-    its backend, buffer and offset; `at_peak` marks the tensors alive at their buffer's peak."""
+    its backend, buffer and offset; `at_peak` marks the tensors alive at their buffer's peak;
+    `compute`: the graph allocator placed it (in a compute buffer); `srcs`, `view_src` and
+    `same_as` (a tensor listed again, e.g. a split input that is a node and a leaf) are positions
+    in this list, of a tensor's first row; `flags`: "input", "output"."""
     sched, galloc = ctx.sched, ctx.sched.galloc
     at_peak = set()
     for i in range(len(ctx.devices.backends)):
         peak = galloc.peak(i)
         if peak is not None:
             at_peak.update(id(t) for t in peak.tensors)
+    graph = [("node", sched.graph.nodes, sched.node_backend_ids), ("leaf", sched.graph.leafs, sched.leaf_backend_ids)]
+    position: dict[int, int] = {}
+    for p, t in enumerate(t for _, tensors, _ in graph for t in tensors):
+        position.setdefault(id(t), p)
     rows = []
-    for kind, tensors, backend_ids in (("node", sched.graph.nodes, sched.node_backend_ids),
-                                       ("leaf", sched.graph.leafs, sched.leaf_backend_ids)):
+    for kind, tensors, backend_ids in graph:
         for i, (t, backend_id) in enumerate(zip(tensors, backend_ids)):
+            first_row = position[id(t)]
             buffer, offset = tensor_location(ctx, t)
             rows.append({"index": i, "kind": kind, "name": t.name, "op": t.op, "ne": list(t.ne),
                          "type": ggml.type_name(t.type),
                          "backend": ctx.devices.backends[backend_id].name if backend_id >= 0 else None,
                          "buffer": buffer, "offset": offset, "size": t.nbytes,
                          "view_of": t.view_src.name if t.view_src is not None else None,
-                         "at_peak": id(t) in at_peak})
+                         "at_peak": id(t) in at_peak, "compute": galloc.tensor_alloc(t) is not None,
+                         "srcs": [position[id(s)] for s in t.src if s is not None],
+                         "view_src": position.get(id(t.view_src)),
+                         "same_as": first_row if first_row != len(rows) else None,
+                         "flags": [f for f, bit in (("input", ggml.FLAG_INPUT), ("output", ggml.FLAG_OUTPUT))
+                                   if t.flags & bit]})
     return rows
 
 

@@ -1,6 +1,7 @@
 """schedplan command line."""
 import click
 
+from schedplan.cli.check import baseline, check
 from schedplan.cli.reserve import reserve
 from schedplan.cli.run import run
 from schedplan.cli.verify import verify
@@ -15,3 +16,5 @@ def cli() -> None:
 cli.add_command(reserve)
 cli.add_command(run)
 cli.add_command(verify)
+cli.add_command(baseline)
+cli.add_command(check)

@@ -22,7 +22,6 @@ from schedplan.planner.params import Params
 BASELINE_SCHEMA = "schedplan.baseline/1"
 BYTE_SECTIONS = ("compute_buffers", "kv_buffers", "output_buffers", "model_buffers")
 UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3}
-MiB = 1024 * 1024
 
 
 class BadInput(Exception):
@@ -129,6 +128,8 @@ def load_baseline(path: str) -> dict:
     figs = doc.get("figures")
     if not isinstance(figs, dict) or not all(type(v) is int for v in figs.values()):
         raise BadInput(f"{path}: 'figures' must map figure names to integers")
+    if not isinstance(doc.get("llama_cpp", {}), dict) or not isinstance(doc.get("params", {}), dict):
+        raise BadInput(f"{path}: 'llama_cpp' and 'params' must be objects")
     return doc
 
 
@@ -194,7 +195,10 @@ class Entry:
 def load_manifest(path: str) -> list[Entry]:
     """A JSON list of {model, flags, baseline}, or TOML [[check]] tables of the same keys; flags is a
     string or a list of strings; relative paths are relative to the manifest's folder."""
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}: not a text file ({e})")
     if path.endswith(".toml"):
         try:
             import tomllib
@@ -220,7 +224,10 @@ def load_manifest(path: str) -> list[Entry]:
             raise BadInput(f"{path}: entry {i}: expected keys model and baseline (strings) and optionally flags")
         flags = e.get("flags", [])
         if isinstance(flags, str):
-            flags = shlex.split(flags)
+            try:
+                flags = shlex.split(flags)
+            except ValueError as err:
+                raise BadInput(f"{path}: entry {i}: cannot split flags {flags!r}: {err}")
         if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
             raise BadInput(f"{path}: entry {i}: flags must be a string or a list of strings")
         out.append(Entry(str(folder / e["model"]), flags, str(folder / e["baseline"])))

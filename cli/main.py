@@ -2,6 +2,7 @@
 import click
 
 from schedplan.cli.check import baseline, check
+from schedplan.cli.compare import compare
 from schedplan.cli.reserve import reserve
 from schedplan.cli.run import run
 from schedplan.cli.verify import verify
@@ -18,3 +19,4 @@ cli.add_command(run)
 cli.add_command(verify)
 cli.add_command(baseline)
 cli.add_command(check)
+cli.add_command(compare)

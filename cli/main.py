@@ -3,6 +3,7 @@ import click
 
 from schedplan.cli.check import baseline, check
 from schedplan.cli.compare import compare
+from schedplan.cli.plot import plot
 from schedplan.cli.reserve import reserve
 from schedplan.cli.run import run
 from schedplan.cli.verify import verify
@@ -20,3 +21,4 @@ cli.add_command(verify)
 cli.add_command(baseline)
 cli.add_command(check)
 cli.add_command(compare)
+cli.add_command(plot)

@@ -27,10 +27,16 @@ class BufferType:
     alloc_size_fn: Callable[[Tensor], int] = _nbytes
     device: Optional[str] = None          # name of the backend/device that owns it
     is_extra: bool = False                # CPU extra buffer types (CPU_REPACK, ...)
+    buffer_extra: int = 0                 # bytes alloc_buffer adds to each non-empty buffer (Vulkan_Host: 32)
 
     def alloc_size(self, t: Tensor) -> int:
         """ggml_backend_buft_get_alloc_size"""
         return self.alloc_size_fn(t)
+
+    def buffer_size(self, size: int) -> int:
+        """ggml_backend_buffer_get_size of ggml_backend_buft_alloc_buffer(buft, size); a zero-size
+        request gets a dummy buffer of size 0 (ggml-backend.cpp:41)."""
+        return size + self.buffer_extra if size else 0
 
     def __repr__(self) -> str:
         return f"BufferType({self.name!r})"
@@ -48,6 +54,10 @@ class Backend:
     host_buft: Optional[BufferType] = None     # get_host_buffer_type (CUDA_Host, Vulkan_Host)
     is_async_with_events: bool = False         # async + events: needed for pipeline parallelism
     device_name: str = "CPU"                   # ggml_backend_dev_name: "CPU", "RPC0", "CUDA0"
+    mapped_buft: Optional[BufferType] = None   # buffer_from_host_ptr: mmapped weights (MTL0_Mapped)
+    memory: Optional[int] = None               # free memory (ggml_backend_dev_memory); None: not known
+    # graph_optimize(nodes, add_alloc_dep) as planner/sched.py calls it (ggml_backend_i.graph_optimize)
+    graph_optimize: Optional[Callable[[list[Tensor], Callable[[Tensor, Tensor], None]], None]] = None
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r})"

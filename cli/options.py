@@ -6,6 +6,7 @@ from typing import Callable
 
 import click
 
+from schedplan.planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device
 from schedplan.planner.params import Params
 
 KV_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
@@ -29,6 +30,15 @@ def _parse_overrides(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                 raise click.BadParameter(f"expected REGEX=BUFTYPE, got {item!r}")
             out.append((pattern, buft))
     return tuple(out)
+
+
+def _check_devices(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    for value in values:
+        try:
+            parse_device(value)
+        except BadDevices as e:
+            raise click.BadParameter(str(e))
+    return tuple(values)
 
 
 def plan_options(func: Callable) -> Callable:
@@ -68,6 +78,8 @@ def plan_options(func: Callable) -> Callable:
                      help="REGEX=BUFTYPE: place matching weights in that buffer type (repeatable)."),
         click.option("--rpc", "rpc", multiple=True, metavar="HOST:PORT",
                      help="A ggml RPC server to use as a device (repeatable)."),
+        click.option("--device", "devices", multiple=True, metavar="KIND:MEMORY[:KEY=VALUE...]",
+                     callback=_check_devices, help=DEVICE_SPEC_HELP),
     ]
 
     @functools.wraps(func)
@@ -82,6 +94,7 @@ def plan_options(func: Callable) -> Callable:
             offload_kqv=not kwargs.pop("no_kv_offload"), op_offload=not kwargs.pop("no_op_offload"),
             no_host=kwargs.pop("no_host"), use_extra_bufts=not kwargs.pop("no_repack"),
             tensor_overrides=_parse_overrides(kwargs.pop("override_tensor")), rpc=tuple(kwargs.pop("rpc")),
+            devices=kwargs.pop("devices"),
         )
         return func(*args, **kwargs)
 

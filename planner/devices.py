@@ -1,27 +1,130 @@
 """Devices and layer placement: which backend runs each layer and where each weight lives.
 
-Mirrors src/llama.cpp (device list: RPC servers first, then GPUs) and llama_model_base::load_tensors
-(src/llama-model.cpp:1500-1600): the layers [i_gpu_start, n_layer] are offloaded (the output layer
+Mirrors src/llama.cpp llama_prepare_model_devices (the device list), llama_context's backends and
+backend_buft (src/llama-context.cpp:333-422) and llama_model_base::load_tensors
+(src/llama-model.cpp:1500-1615): the layers [i_gpu_start, n_layer] are offloaded (the output layer
 counts as layer n_layer) and spread over the devices by the split points; weights take the first
 buffer type of their layer's list that supports their op (select_weight_buft).
+
+Simulated local devices come from --device KIND:MEMORY[:KEY=VALUE...] (parse_device):
+  cuda:24GiB:cc=8.9             CUDA, compute capability MAJOR.MINOR (required)
+  metal:64GiB[:maxbuf=SIZE]     Metal on Apple silicon; maxbuf = maxBufferLength (default: MEMORY)
+  vulkan:16GiB:align=64[:mapalign=64][:maxalloc=4GiB]
+                                Vulkan; align = minStorageBufferOffsetAlignment (required),
+                                mapalign = minMemoryMapAlignment, maxalloc = maxMemoryAllocationSize
+MEMORY is the device's free memory: without -ts, llama.cpp splits the layers in proportion to it
+(llama-model.cpp:1557-1571), and so does the plan. SIZE is bytes or a number with B, KiB, MiB, GiB,
+TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000).
 """
 from __future__ import annotations
 
 import bisect
+import re
 import struct
 from dataclasses import dataclass
+from fractions import Fraction
 from itertools import accumulate
+from typing import Optional
 
-from schedplan.backends import cpu, rpc
+from schedplan.backends import cpu, cuda, metal, rpc, vulkan
 from schedplan.backends.types import Backend, BufferType
-from schedplan.planner.ggml import Tensor
+from schedplan.planner import ggml
+from schedplan.planner.ggml import Buffer, Tensor
 from schedplan.planner.hparams import HParams
 from schedplan.planner.params import Params
 
 
 class BadDevices(Exception):
-    """Devices that llama.cpp would refuse, with the reason."""
+    """Devices that llama.cpp would refuse, or a --device spec that cannot be read, with the reason."""
 
+
+# --- --device specs -------------------------------------------------------------------------------
+
+# ggml's backend registry order (ggml/src/ggml-backend-reg.cpp:120-133): the order llama.cpp
+# enumerates the local GPUs in
+DEVICE_KINDS = ("cuda", "metal", "vulkan")
+DEVICE_KEYS = {"cuda": {"cc"}, "metal": {"maxbuf"}, "vulkan": {"align", "mapalign", "maxalloc"}}
+DEVICE_SPEC_HELP = ("A simulated local device, KIND:MEMORY[:KEY=VALUE...] (repeatable): cuda:24GiB:cc=8.9 "
+                    "(cc: compute capability), metal:64GiB[:maxbuf=SIZE] (maxBufferLength, default MEMORY), "
+                    "vulkan:16GiB:align=64[:mapalign=64][:maxalloc=4GiB] (align: minStorageBufferOffsetAlignment, "
+                    "mapalign: minMemoryMapAlignment, maxalloc: maxMemoryAllocationSize). MEMORY is the free "
+                    "memory: without -ts, layers are split in proportion to it, as llama.cpp does.")
+_UNITS = {"": 1, "B": 1, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4,
+          "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    kind: str
+    memory: int
+    cc: int = 0                   # cuda: 100 * major + 10 * minor, as ggml_cuda_info stores it
+    max_buffer: int = 0           # metal: maxBufferLength
+    align: int = 0                # vulkan: minStorageBufferOffsetAlignment
+    map_align: int = 64           # vulkan: minMemoryMapAlignment
+    max_alloc: int = 4 * 1024**3  # vulkan: maxMemoryAllocationSize
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)", text.strip())
+    if not m or m.group(2).upper() not in _UNITS:
+        raise BadDevices(f"not a size: {text!r} (e.g. 24GiB, 16GB, 8000MiB)")
+    return int(Fraction(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def parse_device(spec: str) -> DeviceSpec:
+    """One --device value, KIND:MEMORY[:KEY=VALUE...]."""
+    kind, _, rest = spec.partition(":")
+    kind = kind.lower()
+    if kind not in DEVICE_KINDS or not rest:
+        raise BadDevices(f"{spec!r}: expected KIND:MEMORY[:KEY=VALUE...] with KIND one of {', '.join(DEVICE_KINDS)}")
+    memory, *items = rest.split(":")
+    keys: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in DEVICE_KEYS[kind]:
+            raise BadDevices(f"{spec!r}: {item!r} is not one of {', '.join(k + '=...' for k in sorted(DEVICE_KEYS[kind]))}")
+        keys[key] = value
+    try:
+        if kind == "cuda":
+            m = re.fullmatch(r"(\d+)\.(\d)", keys.get("cc", ""))
+            if not m:
+                raise BadDevices("cuda needs its compute capability, cc=MAJOR.MINOR (e.g. cc=8.9)")
+            return DeviceSpec(kind, parse_size(memory), cc=100 * int(m.group(1)) + 10 * int(m.group(2)))
+        if kind == "metal":
+            return DeviceSpec(kind, parse_size(memory), max_buffer=parse_size(keys.get("maxbuf", memory)))
+        align, map_align = keys.get("align", ""), keys.get("mapalign", "64")
+        if not align.isdigit() or int(align) == 0:
+            raise BadDevices("vulkan needs align=N, the device's minStorageBufferOffsetAlignment")
+        if not map_align.isdigit() or int(map_align) == 0:
+            raise BadDevices("mapalign must be a positive number of bytes")
+        return DeviceSpec(kind, parse_size(memory), align=int(align), map_align=int(map_align),
+                          max_alloc=parse_size(keys.get("maxalloc", "4GiB")))
+    except BadDevices as e:
+        raise BadDevices(f"{spec!r}: {e}") from None
+
+
+def local_devices(specs: tuple[str, ...]) -> list[Backend]:
+    """The simulated GPUs in the order llama.cpp enumerates them: by backend registry order, then
+    in each backend by device index (the order of the --device flags). All CUDA devices share one
+    CUDA_Host buffer type and all Vulkan devices Vulkan device 0's Vulkan_Host."""
+    parsed = [parse_device(s) for s in specs]
+    out: list[Backend] = []
+    cuda_host = cuda.cuda_host_buft()
+    vk_host = None
+    for kind in DEVICE_KINDS:
+        for index, d in enumerate(d for d in parsed if d.kind == kind):
+            if kind == "cuda":
+                out.append(cuda.cuda_backend(index, d.cc, d.memory, cuda_host))
+            elif kind == "metal":
+                out.append(metal.metal_backend(index, d.memory, d.max_buffer))
+            else:
+                if vk_host is None:
+                    vk_host = vulkan.vulkan_host_buft(d.map_align, vulkan.suballocation_block_size(d.max_alloc))
+                out.append(vulkan.vulkan_backend(index, d.memory, d.align, d.max_alloc, vk_host))
+    return out
+
+
+# --- devices and layers ----------------------------------------------------------------------------
 
 @dataclass
 class Devices:
@@ -30,10 +133,17 @@ class Devices:
     output_backend: Backend              # dev_output
     n_gpu_layers: int                    # llama_model::n_gpu_layers(): -1 means n_layer + 1
     pipeline_parallel: bool
+    backend_bufts: list[BufferType]      # llama_context::backend_buft, the scheduler's buffer types
+    host_backend: Optional[Backend]      # the device whose host buffer type heads the CPU weight list
 
     @property
     def cpu(self) -> Backend:
         return self.backends[-1]
+
+    @property
+    def output_buft(self) -> BufferType:
+        """output_reserve (llama-context.cpp:2194-2201): dev_output's host buffer type, else CPU."""
+        return self.output_backend.host_buft or self.cpu.buft
 
     def model_devices(self) -> list[Backend]:
         return self.backends[:-1]
@@ -49,39 +159,45 @@ class Devices:
 
 
 def plan_devices(params: Params, hp: HParams) -> Devices:
-    if params.devices:
-        raise BadDevices("simulated local devices (--device) are not implemented yet")
+    # llama_prepare_model_devices (src/llama.cpp:186-300): RPC servers first, then the GPUs
     model_devices = [rpc.rpc_backend(endpoint, i) for i, endpoint in enumerate(params.rpc)]
+    model_devices += local_devices(params.devices)
     if params.split_mode == "none" and model_devices:
         if params.main_gpu >= len(model_devices):
             raise BadDevices(f"invalid value for main_gpu: {params.main_gpu} (available devices: "
                              f"{len(model_devices)})")
         model_devices = [model_devices[params.main_gpu]]   # llama_model_load: only the main device
-    elif params.split_mode == "row":
-        raise BadDevices("-sm row needs devices with split buffers (CUDA, SYCL); RPC devices have none")
-    cpu_backend = cpu.cpu_backend(_cpu_compute_buft(model_devices))
+    elif params.split_mode == "row" and model_devices:
+        # make_gpu_buft_list (llama-model.cpp:1140-1165): no backend here has split buffers
+        raise BadDevices(f"device {model_devices[0].device_name} does not support split buffers (-sm row)")
+    cpu_backend = cpu.cpu_backend()
     n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else hp.n_layer + 1
     layer_of = _layer_assignment(params, hp.n_layer, n_gpu_layers, model_devices, cpu_backend)
     pipeline_parallel = (len(model_devices) > 1 and n_gpu_layers > hp.n_layer and params.split_mode == "layer"
                          and params.offload_kqv and not params.tensor_overrides
                          and all(b.is_async_with_events for b in model_devices))
+    # llama-context.cpp:408-419: the CPU backend computes in the first device's host buffer type
+    host = model_devices[0].host_buft if model_devices else None
+    backend_bufts = [b.buft for b in model_devices] + [host or cpu_backend.buft]
+    # make_cpu_buft_list (llama-model.cpp:1092-1106): the first device with a host buffer type
+    host_backend = None if params.no_host else next((b for b in model_devices if b.host_buft), None)
     return Devices(model_devices + [cpu_backend], [layer_of(il) for il in range(hp.n_layer)], layer_of(hp.n_layer),
-                   n_gpu_layers, pipeline_parallel)
-
-
-def _cpu_compute_buft(model_devices: list[Backend]) -> BufferType | None:
-    """llama_context: the CPU backend uses the first model device's host buffer type, if any."""
-    return model_devices[0].host_buft if model_devices else None
+                   n_gpu_layers, pipeline_parallel, backend_bufts, host_backend)
 
 
 def _layer_assignment(params: Params, n_layer: int, n_gpu_layers: int, devices: list[Backend], cpu_backend: Backend):
-    """get_layer_buft_list (llama-model.cpp:1585): split points from -ts (or, like llama.cpp's
-    default by free memory, equal shares: pass -ts to plan other proportions)."""
+    """get_layer_buft_list (llama-model.cpp:1591): split points from -ts or, when it is all zero, from
+    the devices' free memory (llama-model.cpp:1557-1571). RPC servers' memory is not known: they
+    take equal shares, and mixing them with --device devices needs -ts."""
     n_devices = len(devices)
     splits = list(params.tensor_split[:n_devices]) if params.split_mode != "none" else []
     splits += [0.0] * (n_devices - len(splits))
     if all(x == 0.0 for x in splits):
-        splits = [1.0] * n_devices
+        known = [b.memory for b in devices if b.memory is not None]
+        if known and len(known) < n_devices:
+            raise BadDevices("the RPC servers' free memory is not known: give -ts to split the layers between "
+                             "RPC servers and --device devices")
+        splits = [float(m) for m in known] if known else [1.0] * n_devices
     points = [_f32(p) for p in accumulate(_f32(x) for x in splits)] if splits else []   # float math, as in C
     points = [_f32(p / points[-1]) for p in points]
     i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)
@@ -101,29 +217,73 @@ def _f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-# llm_tensor_info_for (src/llama-arch.cpp): the op that uses each weight decides its buffer type
+# --- weights ----------------------------------------------------------------------------------------
+
+# llm_tensor_info_for (src/llama-arch.cpp:728-890): the op that uses each weight decides its buffer type
 MUL_MAT_WEIGHTS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
                    "ffn_up.weight", "ffn_down.weight", "output.weight")
+NORM_WEIGHTS = ("attn_norm.weight", "ffn_norm.weight", "output_norm.weight")
 
 
 def weight_op(name: str, il: int, n_layer: int) -> str:
     if name == "token_embd.weight":
-        return "MUL_MAT" if il == n_layer else "GET_ROWS"   # a tied output is the duplicate at n_layer
-    return "MUL_MAT" if name.endswith(MUL_MAT_WEIGHTS) else "OTHER"
+        # a tied output is the duplicate at n_layer, taken as LLM_TENSOR_OUTPUT (llama-model-loader.cpp:1166)
+        return "MUL_MAT" if il == n_layer else "GET_ROWS"
+    if name.endswith(MUL_MAT_WEIGHTS):
+        return "MUL_MAT"
+    if name.endswith(NORM_WEIGHTS):
+        return "MUL"
+    if name == "rope_freqs.weight":
+        return "ROPE"
+    if name.endswith(".bias"):
+        return "ADD"                # llama-model-loader.cpp:1189-1191
+    raise ValueError(f"no op known for weight {name}")
 
 
-def weight_placement(devices: Devices, params: Params, n_layer: int):
-    """select_weight_buft over the layer's buffer type list: a device layer takes its device's
-    buffer type (every op is supported there); a CPU layer takes the first of [CPU_REPACK (with
-    extra buffer types), CPU] that supports the weight's op. The CPU buffer type is mmapped from
-    the file (use_mmap, the default), so it shows as CPU_Mapped."""
+def weight_probe(weight: Tensor, op: str, hp: HParams) -> Tensor:
+    """The op weight_buft_supported (llama-model-loader.cpp:927-1064) asks the device about."""
+    if op == "GET_ROWS":
+        return ggml.get_rows(weight, ggml.new_tensor(ggml.T.I32, 512))
+    if op == "MUL_MAT":
+        return ggml.mul_mat(weight, ggml.new_tensor(ggml.T.F32, weight.ne[0], 512, weight.ne[2], weight.ne[3]))
+    if op == "ADD":
+        return ggml.add(ggml.new_tensor(ggml.T.F32, *weight.ne), weight)
+    if op == "MUL":
+        return ggml.mul(ggml.new_tensor(ggml.T.F32, *weight.ne), weight)
+    a = ggml.new_tensor(ggml.T.F32, hp.n_embd_head_v, hp.n_head[0], 512)
+    return ggml.rope_ext(a, ggml.new_tensor(ggml.T.I32, 512), weight, 0, 0, 0)
+
+
+def _supports(backend: Backend, buft: BufferType, weight: Tensor, op: str, hp: HParams) -> bool:
+    """weight_buft_supported: the device's supports_op with the weight in a dummy buffer of buft."""
+    weight.buffer = Buffer(buft, "weights")
+    try:
+        return backend.supports_op(weight_probe(weight, op, hp))
+    finally:
+        weight.buffer = None
+
+
+def weight_placement(devices: Devices, params: Params, hp: HParams):
+    """select_weight_buft over the layer's buffer type list (llama-model-loader.cpp:1067-1278).
+
+    A device layer's list is [the device's buffer type, then the CPU list]; the CPU list is
+    [the first device's host buffer type (unless --no-host), CPU_REPACK (with extra buffer types),
+    CPU]. Files are mmapped (use_mmap, the default), so a host buffer type pick becomes the CPU
+    buffer type (llama-model-loader.cpp:1268-1276), and the CPU buffer type and the default buffer
+    type of a device with buffer_from_host_ptr (Metal) map the file: CPU_Mapped, MTL0_Mapped
+    (llama-model.cpp:1854)."""
     mapped, repack = cpu.cpu_mapped_buft(), cpu.cpu_repack_buft()
+    host = devices.host_backend
+    n_layer = hp.n_layer
 
     def place(weight: Tensor, name: str, il: int) -> BufferType:
+        op = weight_op(name, il, n_layer)
         backend = devices.layer_device(il, n_layer)
-        if backend is not devices.cpu and backend.supports_op(weight):
-            return backend.buft
-        if params.use_extra_bufts and weight_op(name, il, n_layer) == "MUL_MAT" and cpu.repacks(weight):
+        if backend is not devices.cpu and _supports(backend, backend.buft, weight, op, hp):
+            return backend.mapped_buft or backend.buft
+        if host is not None and _supports(host, host.host_buft, weight, op, hp):
+            return mapped
+        if params.use_extra_bufts and op == "MUL_MAT" and cpu.repacks(weight):
             return repack
         return mapped
 

@@ -68,7 +68,7 @@ def create_context(model_path: str, params: Params) -> Context:
     hp = load_hparams(header)
     cp = derive_cparams(params, hp)
     devices = plan_devices(params, hp)
-    model = load_model(header, hp, weight_placement(devices, params, hp.n_layer))
+    model = load_model(header, hp, weight_placement(devices, params, hp))
 
     def kv_buft(il: int):
         # llama_kv_cache: the layer's device buffer type with offload_kqv, else the CPU buffer type
@@ -79,8 +79,7 @@ def create_context(model_path: str, params: Params) -> Context:
                          cp.kv_unified, kv_buft)
     # output_reserve(n_seq_max): logits for n_seq_max outputs, f32
     output_size = hp.n_vocab * cp.n_seq_max * 4
-    backend_bufts = [b.buft for b in devices.backends]
-    sched = Sched(devices.backends, backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
+    sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size)
 
 
@@ -188,7 +187,7 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
     """Plan everything llama.cpp reserves for this model and these parameters, as a JSON-able dict."""
     ctx = create_context(model_path, params)
     stats = sched_reserve(ctx)
-    compute = _buffer_sizes(ctx, [ctx.sched.get_buffer_size(i) for i in range(len(ctx.devices.backends))])
+    compute = _buffer_sizes(ctx, [_compute_buffer_size(ctx, i) for i in range(len(ctx.devices.backends))])
     result = {
         "schema": SCHEMA,
         "source": "plan",
@@ -201,7 +200,7 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         "splits": {name: s.split_list for name, s in stats.items()},
         "peaks": {name: s.peaks for name, s in stats.items()},
         "kv_buffers": {name: b.size for name, b in ctx.kv.buffers.items()},
-        "output_buffers": {ctx.devices.cpu.buft.name: ctx.output_buffer_size},
+        "output_buffers": {ctx.devices.output_buft.name: ctx.devices.output_buft.buffer_size(ctx.output_buffer_size)},
         "model_buffers": _sum_by_buft(ctx.model.buffers),
     }
     if tensors:
@@ -210,6 +209,15 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
             graph_reserve(ctx, n_seqs, n_seqs, n_seqs)
         result["tensors"] = tensor_listing(ctx)
     return result
+
+
+def _compute_buffer_size(ctx: Context, i: int) -> int:
+    """ggml_backend_sched_get_buffer_size: ggml_vbuffer_size, the sum of the chunks' backend buffer
+    sizes, which a buffer type may make larger than asked (Vulkan_Host: 32 bytes more)."""
+    if not ctx.sched.get_buffer_size(i):
+        return 0
+    buft = ctx.sched.get_buffer_type(i)
+    return sum(buft.buffer_size(size) for size in ctx.sched.galloc.chunk_sizes(i))
 
 
 def _sum_by_buft(buffers) -> dict[str, int]:

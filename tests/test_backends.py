@@ -1,0 +1,473 @@
+"""CUDA, Metal and Vulkan backends and --device planning, against the arithmetic of their source.
+
+Every expected number is worked out by hand from the C cited next to it (ggml-cuda/ggml-cuda.cu
+"cu:", ggml-cuda/fattn.cu "fa:", ggml-metal/ggml-metal-ops.cpp "ops:", ggml-vulkan/ggml-vulkan.cpp
+"vk:", src/llama*.cpp), never from what the planner prints. No GPU is involved: these are the rules
+as read, not measurements.
+"""
+from pathlib import Path
+
+import pytest
+
+from schedplan.backends import cuda, metal, vulkan
+from schedplan.backends.types import BufferType
+from schedplan.cli.options import parse_params
+from schedplan.planner import ggml
+from schedplan.planner.devices import BadDevices, parse_device, plan_devices
+from schedplan.planner.gguf import read_header
+from schedplan.planner.ggml import Buffer, Cgraph, T, Tensor
+from schedplan.planner.hparams import load_hparams
+from schedplan.planner.kv_cache import alloc_ctx_tensors
+from schedplan.planner.reserve import create_context, reserve, sched_reserve
+
+GGUF = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
+TINY, TINYLLAMA = str(GGUF / "tiny-llama.gguf"), str(GGUF / "tinyllama-1.1b.gguf")
+CUDA = ["--device", "cuda:24GiB:cc=8.9"]
+GiB = 1024**3
+
+
+def pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+def devices_of(path: str, *flags: str):
+    return plan_devices(parse_params(list(flags)), load_hparams(read_header(path)))
+
+
+def fa_node(d: int, n_tokens: int, n_head: int, n_head_kv: int, n_kv: int, type_k: int, type_v: int) -> Tensor:
+    """FLASH_ATTN_EXT as build_attn_mha makes it: Q f32 [d, n_tokens, n_head], K/V [d, n_kv, n_head_kv]
+    views of the cache (permuted, so nb[1] is one cache row), f16 mask [n_kv, n_tokens]."""
+    q = ggml.permute(ggml.new_tensor(T.F32, d, n_head, n_tokens), 0, 2, 1, 3)
+    cache_k = ggml.new_tensor(type_k, d * n_head_kv, n_kv)
+    cache_v = ggml.new_tensor(type_v, d * n_head_kv, n_kv)
+    k = ggml.permute(ggml.view(cache_k, (d, n_head_kv, n_kv), (ggml.row_size(type_k, d), cache_k.nb[1]), 0), 0, 2, 1, 3)
+    v = ggml.permute(ggml.view(cache_v, (d, n_head_kv, n_kv), (ggml.row_size(type_v, d), cache_v.nb[1]), 0), 0, 2, 1, 3)
+    mask = ggml.new_tensor(T.F16, n_kv, n_tokens, 1, 1)
+    return ggml.flash_attn_ext(q, k, v, mask, 0.125, 0.0, 0.0)
+
+
+# --- CUDA: get_alloc_size (cu:903-919) ------------------------------------------------------------
+
+def test_cuda_pads_quantized_rows_to_512():
+    cc = 890
+    # Q4_0 (32 values in 18 bytes): ne0 4096 is a multiple of 512, nothing is added
+    t = ggml.new_tensor(T.Q4_0, 4096, 3)
+    assert t.nbytes == 3 * 4096 // 32 * 18 == 6912
+    assert cuda.alloc_size(cc, t) == 6912
+    # ne0 4128 = 8*512 + 32: the last row grows by 512 - 32 = 480 values, 480/32*18 = 270 bytes
+    # (the brief's 4100 is not a whole number of Q4_0 blocks)
+    t = ggml.new_tensor(T.Q4_0, 4128, 3)
+    assert cuda.alloc_size(cc, t) == 3 * 129 * 18 + 270
+    # a q8_0 K cache row of 256 values (4 heads of 64): + 256 values = 8 blocks of 34 bytes
+    t = ggml.new_tensor(T.Q8_0, 256, 4096)
+    assert cuda.alloc_size(cc, t) == t.nbytes + 272
+    # not quantized: never padded
+    t = ggml.new_tensor(T.F16, 4100, 2)
+    assert cuda.alloc_size(cc, t) == t.nbytes == 16400
+
+
+def test_cuda_buffer_types():
+    host = cuda.cuda_host_buft()
+    dev = cuda.cuda_backend(1, 890, 24 * GiB, host)
+    assert (dev.name, dev.device_name, dev.dev_type, dev.buft.name) == ("CUDA1", "CUDA1", "GPU", "CUDA1")
+    assert dev.buft.alignment == 128 and dev.buft.max_size == 2**64 - 1 and not dev.buft.is_host   # cu:897, 926
+    assert (host.name, host.alignment, host.is_host) == ("CUDA_Host", 32, True)                      # cu:1309
+    assert dev.host_buft is host and dev.is_async_with_events
+    assert dev.supports_buft(dev.buft) and not dev.supports_buft(host)                               # cu:5630
+    # 100 bytes take 128 in a CUDA buffer, 128 in CUDA_Host (32-aligned), tensor after tensor
+    a, b = ggml.new_tensor(T.I8, 100), ggml.new_tensor(T.I8, 100)
+    assert alloc_ctx_tensors(dev.buft, [a, b], "any").size == 256 and b.offset == 128
+    a, b = ggml.new_tensor(T.I8, 100), ggml.new_tensor(T.I8, 100)
+    assert alloc_ctx_tensors(host, [a, b], "any").size == 256 and b.offset == 128
+    a, b = ggml.new_tensor(T.I8, 90), ggml.new_tensor(T.I8, 90)
+    assert alloc_ctx_tensors(host, [a, b], "any").size == 192
+
+
+# --- CUDA: FlashAttention kernels and their scratch (fa:541-756) -------------------------------------
+
+def fa_f16_copies(node: Tensor) -> int:
+    """dst bytes padded to 128, then K and V as f16 (fattn-common.cuh:66-81)."""
+    k, v = node.src[1], node.src[2]
+    return pad(pad(node.nbytes, 128) + 2 * k.nelements(), 128) + 2 * v.nelements()
+
+
+@pytest.mark.parametrize("cc, n_tokens, kernel", [
+    # Ada (8.9): quantized K/V take the vector kernel for 1 or 2 queries, else MMA (fa:656-660)
+    (890, 1, cuda.FATTN_VEC), (890, 2, cuda.FATTN_VEC), (890, 3, cuda.FATTN_MMA_F16), (890, 512, cuda.FATTN_MMA_F16),
+    # Turing/Ampere (7.5, 8.6): only 1 query (fa:661-664)
+    (750, 1, cuda.FATTN_VEC), (750, 2, cuda.FATTN_MMA_F16), (860, 2, cuda.FATTN_MMA_F16),
+    # Volta: gqa 4 -> gqa_ratio_eff 4; vec while n_tokens*4 <= 2 (never), tile up to 16, then MMA (fa:673-681)
+    (700, 1, cuda.FATTN_TILE), (700, 4, cuda.FATTN_TILE), (700, 5, cuda.FATTN_MMA_F16),
+    # Pascal: no tensor cores; quantized: vec for <= 2 queries, else tile (fa:705-719)
+    (610, 2, cuda.FATTN_VEC), (610, 3, cuda.FATTN_TILE),
+])
+def test_cuda_fa_kernel_and_extra_bytes_by_compute_capability(cc, n_tokens, kernel):
+    node = fa_node(64, n_tokens, 8, 2, 512, T.Q8_0, T.Q8_0)
+    assert cuda.best_fattn_kernel(cc, node) == kernel
+    # tile and MMA kernels need f16 K and V; the vector kernel has a compiled q8_0-q8_0 case (fa:737-750)
+    expected = node.nbytes if kernel == cuda.FATTN_VEC else fa_f16_copies(node)
+    assert cuda.alloc_size(cc, node) == expected
+
+
+def test_cuda_fa_extra_bytes_by_hand():
+    # d 64, 512 queries, 8 heads: dst 64*8*512*4 = 1 MiB; K and V 64*512*2 = 65536 values each
+    node = fa_node(64, 512, 8, 2, 512, T.Q8_0, T.Q8_0)
+    assert cuda.alloc_size(890, node) == 1048576 + 2 * 65536 + 2 * 65536 == 1310720
+    # an f16 cache needs no copy whatever the kernel
+    node = fa_node(64, 512, 8, 2, 512, T.F16, T.F16)
+    assert cuda.alloc_size(890, node) == cuda.alloc_size(700, node) == node.nbytes
+    # q8_0 K with f16 V: no vector kernel compiled for that pair by default (GGML_CUDA_FA_QUANTS),
+    # so the vector kernel falls back to f16: K gets a copy, V is f16 already
+    node = fa_node(64, 1, 8, 2, 512, T.Q8_0, T.F16)
+    assert cuda.best_fattn_kernel(890, node) == cuda.FATTN_VEC
+    assert cuda.alloc_size(890, node) == pad(node.nbytes, 128) + 2 * 65536
+
+
+def test_cuda_fa_supported_head_sizes_and_types():
+    assert cuda.supports_op(890, "CUDA0", fa_node(128, 4, 8, 2, 512, T.F16, T.F16))
+    assert not cuda.supports_op(890, "CUDA0", fa_node(48, 4, 8, 2, 512, T.F16, T.F16))     # fa:598: no kernel
+    assert not cuda.supports_op(890, "CUDA0", fa_node(64, 4, 8, 2, 512, T.IQ4_NL, T.IQ4_NL))  # fa:525
+    # head 40 has no tensor-core kernel but a tile one
+    assert cuda.best_fattn_kernel(890, fa_node(40, 4, 8, 2, 512, T.F16, T.F16)) == cuda.FATTN_TILE
+
+
+# --- CUDA: offload_op and supports_op -----------------------------------------------------------------
+
+def test_offload_op_thresholds():
+    w = ggml.new_tensor(T.Q4_0, 64, 64)
+    mm31, mm32 = ggml.mul_mat(w, ggml.new_tensor(T.F32, 64, 31)), ggml.mul_mat(w, ggml.new_tensor(T.F32, 64, 32))
+    rope = ggml.rope_ext(ggml.new_tensor(T.F32, 64, 1, 32), ggml.new_tensor(T.I32, 32), None, 64, 0, 0)
+    rows = ggml.get_rows(ggml.new_tensor(T.F32, 64, 100), ggml.new_tensor(T.I32, 64))
+    add = ggml.add(ggml.new_tensor(T.F32, 64, 4, 8), ggml.new_tensor(T.F32, 64, 4, 8))     # 32 rows
+    for offload in (cuda.offload_op, vulkan.offload_op):                                  # cu:5636, vk debug:766
+        assert not offload(mm31) and offload(mm32)
+        assert offload(rope)          # ROPE counts ne[2] (32 tokens), not ne[1] (1 head)
+        assert not offload(rows)      # GET_ROWS: batch 0
+        assert offload(add)           # nrows = 4*8
+    # Metal offloads only MUL_MAT(_ID) (mt:774)
+    assert metal.offload_op(mm32) and not metal.offload_op(mm31)
+    assert not metal.offload_op(rope) and not metal.offload_op(add)
+
+
+def test_cuda_supports_op_for_our_ops():
+    ok = lambda t: cuda.supports_op(890, "CUDA0", t)   # noqa: E731
+    x = ggml.new_tensor(T.F32, 256, 8)
+    for wtype, expected in ((T.Q4_0, True), (T.Q4_K, True), (T.Q6_K, True), (T.IQ4_NL, True), (T.TQ1_0, False)):
+        assert ok(ggml.mul_mat(ggml.new_tensor(wtype, 256, 16), x)) is expected                # cu:5245
+    idx = ggml.new_tensor(T.I64, 8)
+    cache = lambda ty: ggml.new_tensor(ty, 256, 64)   # noqa: E731
+    assert ok(ggml.set_rows(cache(T.Q8_0), x, idx)) and ok(ggml.set_rows(cache(T.F16), x, idx))   # cu:5318
+    assert not ok(ggml.set_rows(cache(T.Q4_K), x, idx))
+    # IQ4_NL rows are read in QK_K (256) blocks (cu:5306)
+    assert ok(ggml.get_rows(ggml.new_tensor(T.IQ4_NL, 256, 10), ggml.new_tensor(T.I32, 4)))
+    assert not ok(ggml.get_rows(ggml.new_tensor(T.IQ4_NL, 96, 10), ggml.new_tensor(T.I32, 4)))
+    # a source in another CUDA device's buffer (cu:5152-5160)
+    w = ggml.new_tensor(T.F16, 256, 16)
+    w.buffer = Buffer(cuda.cuda_backend(1, 890, GiB, cuda.cuda_host_buft()).buft, "weights")
+    assert not ok(ggml.mul_mat(w, x)) and cuda.supports_op(890, "CUDA1", ggml.mul_mat(w, x))
+    w.buffer = Buffer(cuda.cuda_host_buft(), "weights")
+    assert ok(ggml.mul_mat(w, x))
+    # F16 activations need an F16 matrix (cu:5221)
+    assert not ok(ggml.mul_mat(ggml.new_tensor(T.Q4_0, 256, 16), ggml.new_tensor(T.F16, 256, 8)))
+    with pytest.raises(NotImplementedError):
+        ok(ggml.unary(x, ggml.UNARY_SILU))
+
+
+# --- Metal -----------------------------------------------------------------------------------------
+
+def test_metal_fa_alloc_size_by_hand():
+    # d 64, 100 queries, 8 heads, 2 KV heads, 512 KV rows, f16 cache
+    node = fa_node(64, 100, 8, 2, 512, T.F16, T.F16)
+    out = 64 * 8 * 100 * 4
+    # pad (ops:3064): 64 KV rows of K (row 128*2 bytes) * 2 heads, same for V, and 64 mask rows of 100*2 bytes
+    pad_ = 64 * (256 * 2 * 1 + 256 * 2 * 1 + 2 * 100 * 1 * 1)
+    # blk (ops:3122): not vec (100 >= 20): ceil(100/8) = 13 x ceil(512/64) = 8 bytes, padded to 32
+    blk = pad(13 * 8, 32)
+    # tmp (ops:3161): min(100, 32) * 8 heads * 32 workgroups * (64 + 2) floats
+    tmp = 4 * 32 * 8 * 1 * 32 * 66
+    # kv_f16 (ops:3190), always: K and V as f16, 64*512*2 values each, padded to 16
+    kv = 2 * (2 * 64 * 512 * 2)
+    assert metal.alloc_size(node) == out + pad_ + blk + tmp + kv
+    # q8_0 with 32 or more queries: the pad counts f16 rows (2*64 bytes), not q8_0 ones
+    node = fa_node(64, 100, 8, 2, 512, T.Q8_0, T.Q8_0)
+    assert metal.fa_extra_pad(node) == 64 * (128 * 2 + 128 * 2 + 2 * 100)
+    # a vec-sized batch (< 20 queries) sizes blk by 1 query x 32 KV rows per block
+    node = fa_node(64, 4, 8, 2, 512, T.F16, T.F16)
+    assert metal.fa_extra_blk(node) == pad(4 * 16, 32)
+
+
+def test_metal_other_alloc_sizes():
+    # MUL_MAT_ID: +4*n_expert (tpe), +4*n_expert*n_token (ids), +8 + 256*4 (amax) (ops:2650-2673)
+    w = ggml.new_tensor(T.Q4_0, 64, 32, 8)               # 8 experts
+    ids = ggml.new_tensor(T.I32, 2, 10)                  # 2 used experts, 10 tokens
+    mm_id = Tensor(T.F32, (32, 2, 10, 1), ggml.contiguous_nb(T.F32, (32, 2, 10, 1)), "MUL_MAT_ID",
+                   [w, ggml.new_tensor(T.F32, 64, 2, 10), ids])
+    assert metal.alloc_size(mm_id) == mm_id.nbytes + 32 + 320 + 8 + 1024
+    x = ggml.new_tensor(T.F32, 100, 3)
+    cumsum = Tensor(T.F32, x.ne, x.nb, "CUMSUM", [x])
+    assert metal.alloc_size(cumsum) == 2 * 1200
+    top_k = Tensor(T.I32, (4, 3, 1, 1), ggml.contiguous_nb(T.I32, (4, 3, 1, 1)), "TOP_K", [x])
+    assert metal.alloc_size(top_k) == 2 * 4 * 300
+
+
+def test_metal_device():
+    dev = metal.metal_backend(0, 64 * GiB, 48 * GiB)
+    assert (dev.name, dev.buft.name, dev.mapped_buft.name) == ("MTL0", "MTL0", "MTL0_Mapped")
+    assert dev.buft.alignment == 32 and dev.buft.max_size == 48 * GiB and dev.host_buft is None
+    assert dev.supports_buft(dev.buft) and dev.supports_buft(dev.mapped_buft)
+    assert dev.graph_optimize is not None
+
+
+def weight(buft: BufferType, *ne: int, offset: int = 0) -> Tensor:
+    t = ggml.new_tensor(T.F32, *ne)
+    t.buffer, t.offset = Buffer(buft, "weights"), offset
+    return t
+
+
+def graph(*outs: Tensor) -> list[Tensor]:
+    g = Cgraph()
+    for t in outs:
+        ggml.build_forward_expand(g, t)
+    return g.nodes
+
+
+def test_metal_graph_optimize_moves_fused_group_and_keeps_its_inputs():
+    mapped = BufferType("MTL0_Mapped", 32)
+    w1, w2 = weight(mapped, 64, 64), weight(mapped, 64, offset=16384)
+    x, x2 = ggml.new_tensor(T.F32, 64, 4), ggml.new_tensor(T.F32, 64, 4)
+    p = ggml.mul_mat(w1, x)
+    u = ggml.rms_norm(p, 1e-5)              # reads p: cannot run with it
+    n = ggml.rms_norm(x2, 1e-5)
+    m = ggml.mul(n, w2)                     # RMS_NORM + MUL: one fusion group (fu:678)
+    nodes = graph(p, u, m)
+    assert nodes == [p, u, n, m]
+    deps = []
+    metal.graph_optimize(nodes, lambda t, until: deps.append((t, until)))
+    # fu:705-760: the raw run RMS_NORM, MUL keeps its external sources (x2, w2) until m
+    assert deps == [(x2, m), (w2, m)]
+    # co:386-431: u conflicts with p (it reads p's output); the group [n, m] only reads x2 and w2,
+    # so it is pulled ahead of u as a whole. Unfused, m would have stayed behind u (it reads n).
+    assert nodes == [p, n, m, u]
+
+
+def test_metal_graph_optimize_respects_buffer_ranges():
+    kv = BufferType("MTL0", 32)
+    cache = ggml.new_tensor(T.F16, 64, 16)
+    cache.buffer, cache.offset = Buffer(kv, "any"), 0
+    w = weight(BufferType("MTL0_Mapped", 32), 64, 64)
+    x, idx = ggml.new_tensor(T.F32, 64, 4), ggml.new_tensor(T.I64, 4)
+    a = ggml.mul_mat(w, x)
+    s = ggml.set_rows(cache, a, idx)                  # writes the cache, reads a
+    r = ggml.cont(ggml.view(cache, (64, 16), (128,), 0))  # reads the cache: must stay after s
+    b = ggml.mul_mat(w, x)                            # independent: moves up with s
+    nodes = graph(s, r, b)
+    assert [t.op for t in nodes] == ["MUL_MAT", "SET_ROWS", "VIEW", "CONT", "MUL_MAT"]
+    metal.graph_optimize(nodes, lambda t, until: None)
+    # s conflicts with a; pulled forward: the VIEW (empty; its dst range is the cache's, which s will
+    # write: blocked), CONT (reads the cache range s writes: blocked), b (free): moved
+    assert nodes == [a, b, s, nodes[3], nodes[4]] and [t.op for t in nodes[3:]] == ["VIEW", "CONT"]
+
+
+# --- Vulkan ----------------------------------------------------------------------------------------
+
+def test_vulkan_buffer_types():
+    host = vulkan.vulkan_host_buft(64, vulkan.suballocation_block_size(4 * GiB))
+    dev = vulkan.vulkan_backend(0, 16 * GiB, 16, 4 * GiB, host)
+    assert (dev.name, dev.buft.name, dev.buft.alignment, dev.buft.max_size) == ("Vulkan0", "Vulkan0", 16, GiB)
+    assert vulkan.vulkan_backend(1, GiB, 64, 512 * 1024**2, host).buft.max_size == 512 * 1024**2   # vk:4218
+    assert (host.name, host.alignment, host.max_size, host.is_host) == ("Vulkan_Host", 64, GiB, True)
+    assert host.buffer_size(1000) == 1032 and host.buffer_size(0) == 0                 # vk:13080, backend.cpp:41
+    assert dev.buft.buffer_size(1000) == 1000
+    a, b = ggml.new_tensor(T.I8, 100), ggml.new_tensor(T.I8, 100)
+    assert alloc_ctx_tensors(dev.buft, [a, b], "any").size == 224 and b.offset == 112
+
+
+def test_vulkan_supports_op_sizes_and_types():
+    ok = lambda t: vulkan.supports_op(GiB, t)   # noqa: E731
+    x = ggml.new_tensor(T.F32, 256, 8)
+    assert ok(ggml.mul_mat(ggml.new_tensor(T.Q4_K, 256, 16), x))
+    # a tensor above max_buffer_size (vk:15307-15328)
+    big = ggml.new_tensor(T.F32, 1024, 1024, 257)
+    assert big.nbytes > GiB and not ok(ggml.add(big, big))
+    assert ok(fa_node(64, 4, 8, 2, 512, T.IQ4_NL, T.IQ4_NL))                               # vk:15471
+    assert not ok(fa_node(64, 4, 8, 2, 512, T.BF16, T.F16))                               # vk:15486
+    assert not ok(fa_node(68, 4, 8, 2, 512, T.F16, T.F16))                                # HSK % 8
+
+
+def test_vulkan_graph_optimize_groups_independent_nodes():
+    w = weight(BufferType("Vulkan0", 16), 64, 64)
+    x = ggml.new_tensor(T.F32, 64, 4)
+    q = ggml.mul_mat(w, x)
+    rq = ggml.rms_norm(q, 1e-5)
+    k = ggml.mul_mat(w, x)
+    rk = ggml.rms_norm(k, 1e-5)
+    nodes = graph(rq, rk)
+    assert nodes == [q, rq, k, rk]
+    vulkan.graph_optimize(nodes, lambda t, until: None)
+    # vk:14826-14866: from q, k is independent (taken), rq and rk read q and k (not taken); next set rq, rk
+    assert nodes == [q, k, rq, rk]
+
+
+def test_vulkan_graph_optimize_pulls_rope_view_set_rows():
+    w = weight(BufferType("Vulkan0", 16), 64, 64)
+    x, pos, idx = ggml.new_tensor(T.F32, 64, 4), ggml.new_tensor(T.I32, 4), ggml.new_tensor(T.I64, 4)
+    cache = ggml.new_tensor(T.F32, 64, 16)
+    cache.buffer, cache.offset = Buffer(BufferType("Vulkan0", 16), "any"), 0
+    o = ggml.mul_mat(w, x)
+    r = ggml.rope_ext(ggml.new_tensor(T.F32, 64, 1, 4), pos, None, 64, 0, 0)
+    o2 = ggml.mul_mat(w, x)
+    v = ggml.view(r, (64, 4), (r.nb[2],), 0)
+    s = ggml.set_rows(cache, v, idx)
+    nodes = graph(o, r, o2, s)
+    assert nodes == [o, r, o2, v, s]
+    vulkan.graph_optimize(nodes, lambda t, until: None)
+    # vk:14890-14921: with the ROPE taken, its VIEW and SET_ROWS join the set right after it (the
+    # ROPE is used once, by the VIEW, and the VIEW once, by the SET_ROWS); then o2
+    assert nodes == [o, r, v, s, o2]
+
+
+# --- --device parsing, device order, buffer types ---------------------------------------------------
+
+def test_parse_device():
+    assert parse_device("cuda:24GiB:cc=8.9") == parse_device("CUDA:25769803776:cc=8.9")
+    d = parse_device("cuda:24GiB:cc=12.0")
+    assert (d.kind, d.memory, d.cc) == ("cuda", 24 * GiB, 1200)
+    d = parse_device("metal:64GiB")
+    assert (d.memory, d.max_buffer) == (64 * GiB, 64 * GiB)
+    assert parse_device("metal:64GiB:maxbuf=36GB").max_buffer == 36 * 10**9
+    d = parse_device("vulkan:7.5GiB:align=64:maxalloc=2GiB")
+    assert (d.memory, d.align, d.map_align, d.max_alloc) == (7.5 * GiB, 64, 64, 2 * GiB)
+    for bad in ("cuda:24GiB", "cuda:24GiB:cc=89", "vulkan:16GiB", "tpu:1GiB", "cuda", "metal:lots",
+                "cuda:1GiB:cc=8.9:align=4", "vulkan:1GiB:align=0"):
+        with pytest.raises(BadDevices):
+            parse_device(bad)
+
+
+def test_device_order_rpc_first_then_gpus_by_registry():
+    # src/llama.cpp:276-285: RPC servers first, then the GPUs as the registry lists them (CUDA, Metal,
+    # Vulkan: ggml-backend-reg.cpp:120-133), each backend's devices in --device order; CPU last
+    d = devices_of(TINY, "--device", "vulkan:8GiB:align=16", "--device", "cuda:24GiB:cc=8.9", "--rpc", "10.0.0.1:50052",
+                   "--device", "metal:16GiB", "--device", "cuda:8GiB:cc=7.5", "-ts", "1,1,1,1,1")
+    assert [b.name for b in d.backends] == ["RPC0[10.0.0.1:50052]", "CUDA0", "CUDA1", "MTL0", "Vulkan0", "CPU"]
+    assert [b.device_name for b in d.model_devices()] == ["RPC0", "CUDA0", "CUDA1", "MTL0", "Vulkan0"]
+    assert d.backends[2].memory == 8 * GiB                 # the second cuda flag is CUDA1
+    # the first device is the RPC server, which has no host buffer type: the CPU keeps CPU
+    # (llama-context.cpp:408-419); make_cpu_buft_list takes the first device that has one: CUDA0's
+    assert [b.name for b in d.backend_bufts] == ["RPC0[10.0.0.1:50052]", "CUDA0", "CUDA1", "MTL0", "Vulkan0", "CPU"]
+    assert d.host_backend.name == "CUDA0"
+    assert d.pipeline_parallel                           # all async + events, full offload, -sm layer
+
+
+@pytest.mark.parametrize("device, cpu_buft", [("cuda:24GiB:cc=8.9", "CUDA_Host"), ("vulkan:16GiB:align=16", "Vulkan_Host"),
+                                              ("metal:16GiB", "CPU")])
+def test_cpu_computes_in_the_first_devices_host_buffer(device, cpu_buft):
+    d = devices_of(TINY, "--device", device)
+    assert d.backend_bufts[-1].name == cpu_buft and d.cpu.buft.name == "CPU"
+    # --no-host leaves the CPU backend's buffer type alone: only make_cpu_buft_list reads it
+    d = devices_of(TINY, "--device", device, "--no-host")
+    assert d.backend_bufts[-1].name == cpu_buft and d.host_backend is None
+
+
+def test_layers_split_by_free_memory():
+    # 24 GiB + 8 GiB -> split points 0.75, 1.0 over 23 layers (22 + output): layer il goes to the
+    # first device whose point exceeds il/23, so il <= 17 (17/23 = 0.739) on CUDA0 (llama-model.cpp:1591)
+    d = devices_of(TINYLLAMA, "--device", "cuda:24GiB:cc=8.9", "--device", "cuda:8GiB:cc=8.9")
+    assert [b.name for b in d.layer_backend] == ["CUDA0"] * 18 + ["CUDA1"] * 4 and d.output_backend.name == "CUDA1"
+    # -ts wins over memory: 1,1 -> il/23 < 0.5 -> il <= 11
+    d = devices_of(TINYLLAMA, "--device", "cuda:24GiB:cc=8.9", "--device", "cuda:8GiB:cc=8.9", "-ts", "1,1")
+    assert [b.name for b in d.layer_backend] == ["CUDA0"] * 12 + ["CUDA1"] * 10
+    # RPC servers' memory is unknown: mixing needs -ts; -sm row has no split buffers here
+    with pytest.raises(BadDevices, match="-ts"):
+        devices_of(TINYLLAMA, "--rpc", "127.0.0.1:1", "--device", "cuda:24GiB:cc=8.9")
+    with pytest.raises(BadDevices, match="split buffers"):
+        devices_of(TINYLLAMA, "--device", "cuda:24GiB:cc=8.9", "-sm", "row")
+    d = devices_of(TINYLLAMA, "--device", "cuda:24GiB:cc=8.9", "--device", "vulkan:8GiB:align=16", "-sm", "none", "-mg", "1")
+    assert [b.name for b in d.backends] == ["Vulkan0", "CPU"] and d.backend_bufts[-1].name == "Vulkan_Host"
+
+
+def test_cpu_weights_skip_repack_when_a_host_buffer_type_comes_first():
+    # make_cpu_buft_list: [CUDA_Host, CPU_REPACK, CPU]; CUDA supports a Q4_0 MUL_MAT, so CUDA_Host is
+    # picked, and with mmap it becomes CPU, mapped (llama-model-loader.cpp:1268-1276). --no-host
+    # drops CUDA_Host and the Q4_0 matrices of the CPU layers repack.
+    with_host = reserve(TINYLLAMA, parse_params(CUDA + ["-ngl", "10", "-c", "512"]))["model_buffers"]
+    no_host = reserve(TINYLLAMA, parse_params(CUDA + ["-ngl", "10", "-c", "512", "--no-host"]))["model_buffers"]
+    assert "CPU_REPACK" not in with_host and "CPU_REPACK" in no_host
+    assert with_host["CUDA0"] == no_host["CUDA0"]
+
+
+# --- whole plans ---------------------------------------------------------------------------------------
+
+def model_sizes(path: str) -> dict[str, int]:
+    h = read_header(path)
+    return {t.name: ggml.new_tensor(t.type, *t.ne).nbytes for t in h.tensors}
+
+
+@pytest.mark.parametrize("path", [TINY, TINYLLAMA])
+def test_full_offload_on_cuda_end_to_end(path):
+    hp = load_hparams(read_header(path))
+    plan = reserve(path, parse_params(CUDA + ["-ngl", "99", "-c", "4096"]))
+    sizes = model_sizes(path)
+    tied = "output.weight" not in sizes
+    # the input layer stays on the CPU (llama-model.cpp:1605): token_embd mapped from the file; every
+    # other weight (and a tied output's copy of token_embd) in CUDA0, each padded to 128
+    assert plan["model_buffers"]["CPU_Mapped"] == sizes["token_embd.weight"]
+    cuda0 = sum(pad(s, 128) for name, s in sizes.items() if name != "token_embd.weight")
+    assert plan["model_buffers"]["CUDA0"] == cuda0 + (pad(sizes["token_embd.weight"], 128) if tied else 0)
+    # f16 K and V of every layer: n_embd_k_gqa x 4096 cells
+    kv = hp.n_embd_head_k * hp.n_head_kv[0] * 4096 * 2
+    assert plan["kv_buffers"] == {"CUDA0": 2 * hp.n_layer * pad(kv, 128)}
+    # the output layer is on CUDA0: logits in CUDA0's host buffer type (llama-context.cpp:2194-2201)
+    assert plan["output_buffers"] == {"CUDA_Host": hp.n_vocab * 4}
+    assert plan["params"]["flash_attn"] and plan["params"]["sched_copies"] == 1
+    assert plan["params"]["devices"] == ["CUDA0"]
+    # Splits: the token embedding's GET_ROWS reads a host (CPU_Mapped) weight, so pass 1 gives it the
+    # CPU and CUDA does not take it (GET_ROWS batch 0 < 32); every other node follows a CUDA0 weight
+    # or a neighbour (passes 1-2). Split 1 copies in the embeddings and the INPUT leafs it reads, in
+    # node order: inp_pos (ROPE), k_idxs, v_idxs (SET_ROWS), kq_mask (FLASH_ATTN_EXT), out_ids.
+    for name in ("pp", "tg"):
+        assert plan["graphs"][name]["splits"] == 2
+        cpu_split, gpu_split = plan["splits"][name]
+        assert (cpu_split["backend"], cpu_split["nodes"], cpu_split["first"], cpu_split["inputs"]) == ("CPU", [0, 1], "embd", [])
+        assert gpu_split["backend"] == "CUDA0" and gpu_split["last"] == "result_output"
+        assert [i["name"] for i in gpu_split["inputs"]] == ["embd", "inp_pos", "attn_inp_k_idxs", "attn_inp_v_idxs",
+                                                              "attn_inp_kq_mask", "out_ids"]
+    assert set(plan["compute_buffers"]) == {"CUDA0", "CUDA_Host"}
+
+
+def test_tinyllama_cuda_compute_peaks_at_the_logits():
+    # pp with 512 outputs: the last MUL_MAT holds its input result_norm (2048 x 512 f32) and the
+    # logits (32000 x 512 f32), both 128-aligned; every earlier tensor is smaller and freed by then
+    plan = reserve(TINYLLAMA, parse_params(CUDA + ["-ngl", "99", "-c", "4096"]))
+    assert plan["compute_buffers"]["CUDA0"] == 2048 * 512 * 4 + 32000 * 512 * 4
+
+
+def test_metal_weights_are_mapped_from_the_file():
+    plan = reserve(TINYLLAMA, parse_params(["--device", "metal:16GiB", "-ngl", "99", "-c", "512"]))
+    h = read_header(TINYLLAMA)
+    sizes = model_sizes(TINYLLAMA)
+    offs = {t.name: t.offset for t in h.tensors}
+    # get_mapping_range over the Metal context: first to last byte of its tensors in the file
+    on_metal = [n for n in sizes if n != "token_embd.weight"]
+    first = min(offs[n] for n in on_metal)
+    last = max(offs[n] + sizes[n] for n in on_metal)
+    assert plan["model_buffers"] == {"CPU_Mapped": sizes["token_embd.weight"], "MTL0_Mapped": last - first}
+    assert plan["output_buffers"] == {"CPU": 32000 * 4}          # Metal has no host buffer type
+    assert set(plan["compute_buffers"]) == {"MTL0", "CPU"}
+
+
+def test_vulkan_compute_buffer_over_1gib_is_chunked():
+    # -fa off, 2048 tokens, 4096 cells, 32 heads: kq alone is 4096*2048*32*4 = 1 GiB, the chunk limit
+    # (the suballocation block, vk:4216), and more is alive beside it, so gallocr opens new chunks,
+    # none above 1 GiB since no tensor is
+    params = parse_params(["--device", "vulkan:16GiB:align=16", "-ngl", "99", "-c", "4096", "-b", "2048", "-ub", "2048",
+                           "-fa", "off"])
+    ctx = create_context(TINYLLAMA, params)
+    sched_reserve(ctx)
+    chunks = ctx.sched.galloc.chunk_sizes(0)
+    assert len(chunks) >= 2 and all(c <= GiB for c in chunks) and sum(chunks) > GiB
+    plan = reserve(TINYLLAMA, params)
+    assert plan["compute_buffers"]["Vulkan0"] == sum(chunks)
+    # the CPU's Vulkan_Host buffers are 32 bytes larger than asked (vk:13080), each chunk
+    host_chunks = [c for c in ctx.sched.galloc.chunk_sizes(1) if c]
+    assert plan["compute_buffers"]["Vulkan_Host"] == sum(host_chunks) + 32 * len(host_chunks)
+    assert plan["output_buffers"] == {"Vulkan_Host": 32000 * 4 + 32}

@@ -21,8 +21,9 @@ from schedplan.planner.devices import BadDevices
 from schedplan.planner.gguf import GGUFError
 from schedplan.planner.hparams import UnsupportedModel
 
-USER_ERRORS = (GGUFError, UnsupportedModel, BadParams, BadDevices, FileNotFoundError, IsADirectoryError,
-               PermissionError)
+# NotImplementedError: a configuration schedplan does not model yet (it says which), never a guess
+USER_ERRORS = (GGUFError, UnsupportedModel, BadParams, BadDevices, NotImplementedError, FileNotFoundError,
+               IsADirectoryError, PermissionError)
 
 
 @contextlib.contextmanager

@@ -275,16 +275,39 @@ def weight_placement(devices: Devices, params: Params, hp: HParams):
     mapped, repack = cpu.cpu_mapped_buft(), cpu.cpu_repack_buft()
     host = devices.host_backend
     n_layer = hp.n_layer
+    overrides = _tensor_overrides(devices, params)
 
-    def place(weight: Tensor, name: str, il: int) -> BufferType:
-        op = weight_op(name, il, n_layer)
-        backend = devices.layer_device(il, n_layer)
-        if backend is not devices.cpu and _supports(backend, backend.buft, weight, op, hp):
-            return backend.mapped_buft or backend.buft
+    def on_cpu(weight: Tensor, op: str) -> BufferType:
         if host is not None and _supports(host, host.host_buft, weight, op, hp):
             return mapped
         if params.use_extra_bufts and op == "MUL_MAT" and cpu.repacks(weight):
             return repack
         return mapped
 
+    def place(weight: Tensor, name: str, il: int) -> BufferType:
+        op = weight_op(name, il, n_layer)
+        for pattern, target in overrides:
+            if pattern.search(name):
+                # an override to the CPU still picks among the CPU list (CPU_REPACK, ...)
+                return on_cpu(weight, op) if target is devices.cpu else target.mapped_buft or target.buft
+        backend = devices.layer_device(il, n_layer)
+        if backend is not devices.cpu and _supports(backend, backend.buft, weight, op, hp):
+            return backend.mapped_buft or backend.buft
+        return on_cpu(weight, op)
+
     return place
+
+
+def _tensor_overrides(devices: Devices, params: Params) -> list[tuple[re.Pattern, Backend]]:
+    """-ot REGEX=BUFTYPE (common/arg.cpp parse_tensor_buffer_overrides): BUFTYPE names a device's
+    default buffer type; the first pattern that matches a weight's name wins (create_tensor)."""
+    by_name = {b.buft.name if b is not devices.cpu else "CPU": b for b in devices.backends}
+    out = []
+    for pattern, buft_name in params.tensor_overrides:
+        if buft_name not in by_name:
+            raise BadDevices(f"-ot {pattern}={buft_name}: unknown buffer type (available: {', '.join(by_name)})")
+        try:
+            out.append((re.compile(pattern), by_name[buft_name]))
+        except re.error as e:
+            raise BadDevices(f"-ot {pattern}={buft_name}: bad regular expression ({e})") from None
+    return out

@@ -226,12 +226,6 @@ def cont(a: Tensor, *ne: int) -> Tensor:
     return _op(r, "CONT", [a])
 
 
-def cpy(a: Tensor, b: Tensor) -> Tensor:
-    r = view_tensor(b)
-    r.name = _fmt(f"{b.name} (copy of {a.name})" if b.name else f"{a.name} (copy)")
-    return _op(r, "CPY", [a, b])
-
-
 def cast(a: Tensor, type_: int) -> Tensor:
     r = new_tensor(type_, *a.ne)
     r.name = _fmt(f"{a.name} (copy)")
@@ -273,10 +267,6 @@ def rms_norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
     return _unary_like("RMS_NORM", a, [a], (eps,), inplace)
 
 
-def norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
-    return _unary_like("NORM", a, [a], (eps,), inplace)
-
-
 def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int, n_ctx_orig: int,
              inplace: bool = False) -> Tensor:
     return _unary_like("ROPE", a, [a, pos, freq_factors], (0, n_dims, mode, 0, n_ctx_orig), inplace)
@@ -294,14 +284,6 @@ def glu_split(a: Tensor, b: Tensor, glu_op: int) -> Tensor:
     """ggml_glu_impl with b: result has a's shape and type."""
     r = new_tensor(a.type, *a.ne)
     return _op(r, "GLU", [a, b], (glu_op, 0))
-
-
-# enum ggml_unary_op
-UNARY_SILU, UNARY_GELU = 10, 7
-
-
-def unary(a: Tensor, unary_op: int) -> Tensor:
-    return _unary_like("UNARY", a, [a], (unary_op,))
 
 
 def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale_: float, max_bias: float,

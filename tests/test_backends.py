@@ -169,8 +169,10 @@ def test_cuda_supports_op_for_our_ops():
     assert ok(ggml.mul_mat(w, x))
     # F16 activations need an F16 matrix (cu:5221)
     assert not ok(ggml.mul_mat(ggml.new_tensor(T.Q4_0, 256, 16), ggml.new_tensor(T.F16, 256, 8)))
+    unary = ggml.dup_tensor(x)          # an op no planned architecture builds: refused, not guessed
+    unary.op, unary.src = "UNARY", [x]
     with pytest.raises(NotImplementedError):
-        ok(ggml.unary(x, ggml.UNARY_SILU))
+        ok(unary)
 
 
 # --- Metal -----------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -122,16 +124,36 @@ def resolve_flash_attn(ctx: Context) -> None:
     cp = ctx.cparams
     if not cp.auto_fa:
         return
+    cp.auto_fa = False
+    if len(ctx.devices.backends) == 1:
+        return   # one backend runs every node and every layer: the probe cannot find a mismatch
     n_seqs = cp.n_seq_max
     g = graph_reserve(ctx, n_seqs, n_seqs, n_seqs, split_only=True)
     cp.flash_attn = all(ctx.sched.get_tensor_backend(node) is ctx.devices.layer_backend[il]
                         for node, il in g.fused_flash_attn)
-    cp.auto_fa = False
     if not cp.flash_attn and ggml.is_quantized(cp.type_v):
         raise BadParams("quantized V cache was requested, but this requires Flash Attention")
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Planning allocates tens of thousands of tensors without reference cycles; the cyclic
+    collector's scans of them cost about a fifth of the planning time (bench/bench_reserve.py)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def sched_reserve(ctx: Context) -> dict[str, GraphStats]:
+    with gc_paused():
+        return _sched_reserve(ctx)
+
+
+def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     cp = ctx.cparams
     n_seqs = cp.n_seq_max
     n_tokens = min(cp.n_ctx, cp.n_ubatch)

@@ -318,8 +318,10 @@ def main() -> None:
 
     target_in = 50.0
     print()
-    print(f"in-process target < {target_in:.0f} ms: {sp['create+reserve']:.1f} ms "
-          f"({'met' if sp['create+reserve'] < target_in else 'NOT met'})")
+    # the engine issue's target is the planning of pp+tg+pp (sched_reserve); creating the context
+    # (reading the header, weights and KV layout) is reported above, apart from it
+    print(f"planning pp+tg+pp target < {target_in:.0f} ms: {sp['sched_reserve']:.1f} ms "
+          f"({'met' if sp['sched_reserve'] < target_in else 'NOT met'})")
     if llama_error is None:
         ratio_in = sp["create+reserve"] / lc_both
         print(f"ratio in process (schedplan create+reserve / llama.cpp model+context): {ratio_in:.2f}")

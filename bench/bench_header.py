@@ -27,7 +27,8 @@ from fixtures.make_gguf import load_config, write_gguf  # noqa: E402
 from schedplan.planner import gguf as g  # noqa: E402
 
 
-def _time(fn, repeat: int) -> float:
+def median_ms(fn, repeat: int) -> float:
+    """Median wall time of `repeat` calls, in ms."""
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -48,18 +49,18 @@ def _checked_loop(path):
 def _import_cost(module: str) -> float:
     """Wall time a fresh interpreter spends importing `module` (median of 3, startup subtracted)."""
     def wall(code: str) -> float:
-        return _time(lambda: subprocess.run([sys.executable, "-c", code], check=True), 3)
+        return median_ms(lambda: subprocess.run([sys.executable, "-c", code], check=True), 3)
     return wall(f"import {module}") - wall("pass")
 
 
 def bench(path: Path, repeat: int, with_reader: bool) -> list[tuple[str, float]]:
     g.read_header(path)                       # warm the page cache
-    rows = [("read_header", _time(lambda: g.read_header(path), repeat)),
-            ("read_header, every length checked", _time(lambda: _checked_loop(path), max(3, repeat // 4))),
-            ("import numpy (what a vectorised skip would cost the command first)", _import_cost("numpy"))]
+    rows = [("read_header", median_ms(lambda: g.read_header(path), repeat)),
+            ("read_header, every length checked", median_ms(lambda: _checked_loop(path), max(3, repeat // 4))),
+            ("import numpy, which a vectorised skip needs", _import_cost("numpy"))]
     if with_reader:
         import gguf
-        rows.append(("gguf.GGUFReader", _time(lambda: gguf.GGUFReader(path), 1)))
+        rows.append(("gguf.GGUFReader", median_ms(lambda: gguf.GGUFReader(path), 1)))
     return rows
 
 

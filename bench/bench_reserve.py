@@ -87,13 +87,7 @@ llama_cpp.llama_model_free(model)
 """
 
 
-def median_ms(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+median_ms = bench_header.median_ms
 
 
 def machine() -> str:

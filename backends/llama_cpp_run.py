@@ -521,9 +521,13 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
         result = _collect(llama_cpp, ggml, shim, log, model_path, model, ctx, params)
 
         if recorder is not None:
-            _decode_reserve_ubatch(llama_cpp, ctx, result)
-            result["tensors"] = recorder.rows
-            _tensor_checks(ggml, shim, ctx, recorder, result)
+            reason = _unreplayable(result)
+            if reason:
+                result["tensors_unmeasurable"] = reason
+            else:
+                _decode_reserve_ubatch(llama_cpp, ctx, result)
+                result["tensors"] = recorder.rows
+                _tensor_checks(ggml, shim, ctx, recorder, result)
 
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
@@ -703,6 +707,18 @@ class TensorRecorder:
         self.seen[addr] = len(self.rows)
         self.rows.append(self._row(addr, index, kind))
         self.row_buffer.append(GGMLTensor.from_address(addr).buffer)
+
+
+def _unreplayable(result: dict) -> Optional[str]:
+    """Why no real decode can reproduce the reserve's pp ubatch, if none can: graph_reserve rounds
+    n_tokens up to a multiple of n_seq_max (C:2528), and a decode splits a batch into ubatches of
+    at most n_ubatch tokens, so a rounded-up ubatch larger than n_ubatch is never computed."""
+    n_tokens, n_ubatch = result["graphs"]["pp"]["n_tokens"], result["params"]["n_ubatch"]
+    if n_tokens > n_ubatch:
+        return (f"the pp reservation has {n_tokens} tokens (rounded up to a multiple of "
+                f"n_seq_max {result['params']['n_seq_max']}), more than n_ubatch {n_ubatch}: no decode "
+                f"computes that ubatch, so its tensor offsets cannot be measured")
+    return None
 
 
 def _decode_reserve_ubatch(llama_cpp, ctx, result: dict) -> None:

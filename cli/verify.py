@@ -83,11 +83,17 @@ def verify(model: str, params: Params, local_rpc: int, as_json: bool) -> None:
         if summary is not None:
             table.append(["tensors (buffer, offset, size)", f"{summary['matched']:,} matched",
                           f"{summary['real']:,} seen", "yes" if mismatch is None else "NO"])
+        elif "tensors_unmeasurable" in real:
+            table.append(["tensors (buffer, offset, size)", f"{len(plan.get('tensors', [])):,} planned", "-",
+                          "not measured"])
         click.echo(tabulate(table, headers=["field", "plan", "real", "equal"], disable_numparse=True,
                             colalign=("left", "right", "right", "left")))
         if mismatch is not None:
             click.echo("")
             click.echo(render_mismatch(mismatch))
+        if "tensors_unmeasurable" in real:
+            click.echo("")
+            click.echo(f"tensors not measured: {real['tensors_unmeasurable']}")
         n_bad = sum(not r.ok for r in rows) + (mismatch is not None)
         click.echo("")
         click.echo("plan equals llama.cpp" if ok else f"plan differs from llama.cpp ({n_bad} difference(s))")

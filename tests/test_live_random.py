@@ -1,0 +1,100 @@
+"""Live randomized differential tests: llama shapes and flags the fixtures do not cover (head sizes
+64/80/96/128, GQA ratios, odd vocabularies, K-quant mixes, tied or not; ubatches, streams, KV types,
+RPC topologies), each planned from its header and run in real llama.cpp. Seeds are fixed, so a
+failure names a reproducible case: `pytest tests/test_live_random.py -k seed7`.
+"""
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="live tests need llama-cpp-python (the `run` extra)")
+
+from fixtures.make_gguf import load_config, write_gguf  # noqa: E402
+from schedplan.backends.llama_cpp_run import RunError, run  # noqa: E402
+from schedplan.cli.errors import USER_ERRORS  # noqa: E402
+from schedplan.cli.options import parse_params  # noqa: E402
+from schedplan.planner.diff import diff, first_tensor_mismatch  # noqa: E402
+from schedplan.planner.reserve import reserve  # noqa: E402
+
+pytestmark = pytest.mark.live
+
+
+def random_config(rng: random.Random, name: str) -> dict:
+    cfg = copy.deepcopy(load_config("tiny-llama-untied"))
+    head, n_head = rng.choice([64, 80, 96, 128]), rng.choice([2, 4, 6, 8])
+    md = cfg["metadata"]
+    md.update({"general.name": name, "llama.embedding_length": head * n_head, "llama.attention.head_count": n_head,
+               "llama.attention.head_count_kv": rng.choice([d for d in (1, 2, n_head) if n_head % d == 0]),
+               "llama.rope.dimension_count": head, "llama.block_count": rng.choice([1, 2, 3]),
+               "llama.feed_forward_length": rng.choice([256, 512, 768, 1024]),
+               "llama.context_length": rng.choice([2048, 4096, 8192])})
+    n_vocab = rng.choice([1000, 1024, 3001, 4096])
+    md["llama.vocab_size"] = cfg["vocab"]["n_vocab"] = n_vocab
+    k_quants = (head * n_head) % 256 == 0          # K-quant rows are multiples of 256
+    wt = rng.choice(["F16", "Q8_0", "Q4_0", "IQ4_NL"] + (["Q4_K", "Q5_K", "Q6_K"] if k_quants else []))
+    cfg["tensor_types"] = {"*_norm.weight": "F32", "token_embd.weight": rng.choice(["F16", "Q8_0", wt]),
+                           "output.weight": rng.choice(["Q8_0", wt] + (["Q6_K"] if k_quants else [])),
+                           "*ffn_down*": rng.choice([wt, "Q6_K", "Q8_0"]), "*": wt}
+    cfg["tied_embeddings"] = rng.random() < 0.4
+    cfg["name"] = name
+    return cfg
+
+
+def random_flags(rng: random.Random, n_layer: int, endpoints: list[str]) -> list[str]:
+    flags = ["-c", str(rng.choice([256, 512, 1000, 2048, 3000]))]
+    if rng.random() < 0.5:
+        flags += ["-ub", str(rng.choice([1, 16, 31, 32, 64, 256, 700]))]
+    if rng.random() < 0.3:
+        flags += ["-b", str(rng.choice([64, 256, 1024]))]
+    if rng.random() < 0.4:
+        flags += ["-np", str(rng.choice([2, 3, 4]))]
+    if rng.random() < 0.3:
+        flags += ["-kvu"]
+    fa = rng.choice(["on", "off", "auto"])
+    flags += ["-fa", fa]
+    if rng.random() < 0.4:
+        flags += ["-ctk", rng.choice(["q8_0", "q4_0", "f16", "bf16"])]
+        if fa != "off" and rng.random() < 0.5:
+            flags += ["-ctv", rng.choice(["q8_0", "q4_0", "f16"])]
+    if rng.random() < 0.2:
+        flags += ["--no-repack"]
+    if endpoints:
+        flags += ["-ngl", str(rng.choice([0, 1, n_layer, n_layer + 1, 99]))]
+        if len(endpoints) == 2 and rng.random() < 0.5:
+            flags += ["-ts", rng.choice(["3,1", "1,2", "1,1"])]
+        if rng.random() < 0.2:
+            flags += ["-nkvo"]
+        flags += [x for e in endpoints for x in ("--rpc", e)]
+    return flags
+
+
+def _check(seed: int, tmp_path, endpoints: list[str]) -> None:
+    rng = random.Random(seed)
+    cfg = random_config(rng, f"random-{seed}")
+    path = str(write_gguf(cfg, tmp_path / f"random-{seed}.gguf"))
+    flags = random_flags(rng, cfg["metadata"]["llama.block_count"], endpoints)
+    params = parse_params(flags)
+    try:
+        real = run(path, params, tensors=True)
+    except RunError:
+        with pytest.raises(USER_ERRORS):     # llama.cpp refused: so must the plan
+            reserve(path, params)
+        return
+    plan = reserve(path, params, tensors=True)
+    unequal = [r for r in diff(plan, real) if not r.ok]
+    assert unequal == [], (flags, unequal)
+    assert first_tensor_mismatch(plan, real) is None, (flags, first_tensor_mismatch(plan, real))
+    assert real.get("tensors") or real.get("tensors_unmeasurable"), flags
+
+
+@pytest.mark.parametrize("seed", range(24), ids=lambda s: f"seed{s}")
+def test_random_llama_on_cpu(seed, tmp_path):
+    _check(seed, tmp_path, [])
+
+
+@pytest.mark.parametrize("seed", range(100, 112), ids=lambda s: f"seed{s}")
+def test_random_llama_on_rpc_servers(seed, tmp_path, rpc_endpoints):
+    _check(seed, tmp_path, rpc_endpoints[: 1 + seed % 2])

@@ -6,7 +6,7 @@ ggml/src/ggml-impl.h: ggml_are_same_layout 75, ggml_op_is_empty 90.
 """
 from __future__ import annotations
 
-from schedplan.planner.ggml import FLAG_OUTPUT, Tensor, blck_size, type_name, type_size
+from schedplan.planner.ggml import FLAG_OUTPUT, Tensor, blck_size, is_contiguous_m_n, type_name, type_size
 
 GGML_MAX_SRC = 10
 EMPTY_OPS = frozenset({"NONE", "RESHAPE", "TRANSPOSE", "VIEW", "PERMUTE"})
@@ -29,31 +29,16 @@ def is_transposed(t: Tensor) -> bool:
     return t.nb[0] > t.nb[1]
 
 
-def _contiguous_m_n(t: Tensor, m: int, n: int = 4) -> bool:
-    next_nb = type_size(t.type)
-    if t.ne[0] != blck_size(t.type) and t.nb[0] != next_nb:
-        return False
-    next_nb *= t.ne[0] // blck_size(t.type)
-    for i in range(1, n):
-        if i > m:
-            if t.ne[i] != 1 and t.nb[i] != next_nb:
-                return False
-            next_nb *= t.ne[i]
-        else:
-            next_nb = t.ne[i] * t.nb[i]   # this dimension does not need to be contiguous
-    return True
-
-
 def is_contiguous(t: Tensor) -> bool:
-    return _contiguous_m_n(t, 0)
+    return is_contiguous_m_n(t, 0)
 
 
 def is_contiguous_1(t: Tensor) -> bool:
-    return _contiguous_m_n(t, 1)
+    return is_contiguous_m_n(t, 1)
 
 
 def is_contiguous_2(t: Tensor) -> bool:
-    return _contiguous_m_n(t, 2)
+    return is_contiguous_m_n(t, 2)
 
 
 def is_contiguous_rows(t: Tensor) -> bool:

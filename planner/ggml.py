@@ -117,17 +117,7 @@ class Tensor:
         return self.ne[0] * self.ne[1] * self.ne[2] * self.ne[3]
 
     def is_contiguous(self) -> bool:
-        """ggml_is_contiguous (ggml_is_contiguous_n with n = 0)"""
-        next_nb = type_size(self.type)
-        if self.ne[0] != blck_size(self.type) and self.nb[0] != next_nb:
-            return False
-        next_nb *= self.ne[0] // blck_size(self.type)
-        for i in range(1, 4):
-            if self.ne[i] != 1:
-                if self.nb[i] != next_nb:
-                    return False
-                next_nb *= self.ne[i]
-        return True
+        return is_contiguous_m_n(self, 0)
 
     def set_input(self) -> None:
         self.flags |= FLAG_INPUT
@@ -142,6 +132,23 @@ GGML_MAX_NAME = 64
 def _fmt(name: str) -> str:
     """ggml_format_name: vsnprintf into char[GGML_MAX_NAME]."""
     return name[:GGML_MAX_NAME - 1]
+
+
+def is_contiguous_m_n(t: Tensor, m: int, n: int = 4) -> bool:
+    """ggml_is_contiguous_m_n (ggml.c:1474): dimensions 1..m may have gaps, m+1..n-1 are packed."""
+    bs = blck_size(t.type)
+    next_nb = type_size(t.type)
+    if t.ne[0] != bs and t.nb[0] != next_nb:
+        return False
+    next_nb *= t.ne[0] // bs
+    for i in range(1, n):
+        if i > m:
+            if t.ne[i] != 1 and t.nb[i] != next_nb:
+                return False
+            next_nb *= t.ne[i]
+        else:
+            next_nb = t.ne[i] * t.nb[i]   # this dimension does not need to be contiguous
+    return True
 
 
 def _ne4(ne: tuple[int, ...]) -> tuple[int, int, int, int]:

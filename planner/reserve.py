@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 from schedplan.planner import LLAMA_CPP_COMMIT, ggml

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from schedplan.cli.main import cli
 from schedplan.planner.gguf import read_header
@@ -26,7 +26,7 @@ SCHEMA_KEYS = {"schema", "model", "params", "compute_buffers", "graphs", "kv_buf
                "model_buffers"}
 
 
-def invoke(*args) -> "click.testing.Result":  # noqa: F821
+def invoke(*args) -> Result:
     return CliRunner().invoke(cli, ["reserve", *map(str, args)])
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import make_gguf as mk
-from schedplan.planner.gguf import GGML_TYPE_SIZES, LazyArray, read_header
+from schedplan.planner.gguf import LazyArray, read_header
 
 NAMES = mk.config_names()
 REPO = Path(__file__).resolve().parent.parent

@@ -18,12 +18,13 @@ import click
 
 from schedplan.planner.cparams import BadParams
 from schedplan.planner.devices import BadDevices
+from schedplan.planner.ggml import GGMLAbort
 from schedplan.planner.gguf import GGUFError
 from schedplan.planner.hparams import UnsupportedModel
 
 # NotImplementedError: a configuration schedplan does not model yet (it says which), never a guess
-USER_ERRORS = (GGUFError, UnsupportedModel, BadParams, BadDevices, NotImplementedError, FileNotFoundError,
-               IsADirectoryError, PermissionError)
+USER_ERRORS = (GGUFError, UnsupportedModel, BadParams, BadDevices, GGMLAbort, NotImplementedError,
+               FileNotFoundError, IsADirectoryError, PermissionError)
 
 
 @contextlib.contextmanager

@@ -155,12 +155,23 @@ def _ne4(ne: tuple[int, ...]) -> tuple[int, int, int, int]:
     return tuple(ne) + (1,) * (4 - len(ne)) if len(ne) < 4 else tuple(ne)
 
 
+class GGMLAbort(Exception):
+    """A GGML_ASSERT that real llama.cpp would hit for this model and these parameters."""
+
+
 def new_tensor(type_: int, *ne: int, view_src: Tensor | None = None, view_offs: int = 0) -> Tensor:
     """ggml_new_tensor_impl: contiguous strides; a view of a view points at the root."""
     if view_src is not None and view_src.view_src is not None:
         view_offs += view_src.view_offs
         view_src = view_src.view_src
     ne4 = _ne4(ne)
+    if view_src is not None:
+        data_size = row_size(type_, ne4[0]) * ne4[1] * ne4[2] * ne4[3]
+        if data_size and data_size + view_offs > view_src.nbytes:   # ggml.c:1797
+            raise GGMLAbort(f"llama.cpp would abort (ggml.c:1797 GGML_ASSERT): a {type_name(type_)} view of "
+                            f"{list(ne4)} at offset {view_offs} does not fit in '{view_src.name}' "
+                            f"({view_src.nbytes} bytes); usually a cache type whose block size does not "
+                            f"divide the head size")
     return Tensor(type=type_, ne=ne4, nb=contiguous_nb(type_, ne4), view_src=view_src, view_offs=view_offs)
 
 

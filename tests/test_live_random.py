@@ -90,7 +90,7 @@ def _check(seed: int, tmp_path, endpoints: list[str]) -> None:
     assert real.get("tensors") or real.get("tensors_unmeasurable"), flags
 
 
-@pytest.mark.parametrize("seed", range(24), ids=lambda s: f"seed{s}")
+@pytest.mark.parametrize("seed", [*range(24), 1164], ids=lambda s: f"seed{s}")   # 1164: llama.cpp aborts
 def test_random_llama_on_cpu(seed, tmp_path):
     _check(seed, tmp_path, [])
 

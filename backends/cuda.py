@@ -30,7 +30,7 @@ from schedplan.backends.layout import (
     GGML_MAX_SRC, is_contiguous, is_contiguous_1, is_contiguous_2, is_contiguous_rows, nrows, op_param, src, tname,
 )
 from schedplan.backends.types import SIZE_MAX, Backend, BufferType
-from schedplan.planner.ggml import Tensor, is_quantized, row_size, type_size
+from schedplan.planner.ggml import GGML_HINT_SRC0_IS_HADAMARD, Tensor, is_quantized, row_size, type_size
 
 ALIGNMENT = 128
 MATRIX_ROW_PADDING = 512          # common.cuh:186
@@ -38,8 +38,6 @@ OP_OFFLOAD_MIN_BATCH = 32
 FATTN_KQ_STRIDE = 256             # fattn-common.cuh:9
 QK_K = 256
 CC_VOLTA, CC_TURING, CC_ADA_LOVELACE = 700, 750, 890   # common.cuh:52-56
-GGML_PREC_F32 = 10
-GGML_HINT_SRC0_IS_HADAMARD = 1
 
 # best_fattn_kernel (fa:517)
 FATTN_NONE, FATTN_VEC, FATTN_TILE, FATTN_MMA_F16 = 0, 100, 200, 400

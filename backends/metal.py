@@ -37,14 +37,13 @@ from schedplan.backends.layout import (
     op_param, same_layout, same_shape, src, tname, use_counts,
 )
 from schedplan.backends.types import Backend, BufferType
-from schedplan.planner.ggml import Tensor
+from schedplan.planner.ggml import GGML_HINT_SRC0_IS_HADAMARD, Tensor
 
 ALIGNMENT = 32
 OP_OFFLOAD_MIN_BATCH = 32
 OP_FLASH_ATTN_EXT_NQPSG, OP_FLASH_ATTN_EXT_NCPSG = 8, 64              # ggml-metal-impl.h:126-127
 OP_FLASH_ATTN_EXT_VEC_NQPSG, OP_FLASH_ATTN_EXT_VEC_NCPSG = 1, 32      # ggml-metal-impl.h:129-130
 N_MM_NPART_AMAX = 256                                                  # ggml-metal-impl.h:17
-GGML_HINT_SRC0_IS_HADAMARD = 1
 
 
 def _pad(x: int, n: int) -> int:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 # ggml.h enum ggml_tensor_flag
 FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS = 1, 2, 4, 8
 
+# ggml.h: op_params[1] of a MUL_MAT whose src0 is a Hadamard rotation (ggml_mul_mat_set_hint)
+GGML_HINT_SRC0_IS_HADAMARD = 1
+
 # ops that only make a view of src[0] (ggml_op_is_view / ggml_is_view_op in ggml-impl.h)
 VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
 

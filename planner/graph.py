@@ -15,7 +15,6 @@ from schedplan.planner.ggml import Cgraph, Tensor
 from schedplan.planner.kv_cache import KVCache
 from schedplan.planner.model import Model
 
-GGML_HINT_SRC0_IS_HADAMARD = 1
 
 
 def set_name(t: Tensor, name: str) -> None:
@@ -238,7 +237,7 @@ def mul_mat_hadamard(cur: Tensor, rot: Tensor) -> Tensor:
     else:
         res = ggml.reshape(cur, n, cur.nelements() // n)
     res = ggml.mul_mat(rot, res)
-    res.op_params = (0, GGML_HINT_SRC0_IS_HADAMARD)
+    res.op_params = (0, ggml.GGML_HINT_SRC0_IS_HADAMARD)
     return ggml.reshape(res, *cur.ne)
 
 

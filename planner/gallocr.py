@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from schedplan.backends.types import SIZE_MAX, BufferType
-from schedplan.planner.ggml import FLAG_INPUT, FLAG_OUTPUT, Cgraph, Tensor
+from schedplan.planner.ggml import FLAG_INPUT, FLAG_OUTPUT, Buffer, Cgraph, Tensor
 
 MAX_FREE_BLOCKS = 256
 GGML_VBUFFER_MAX_CHUNKS = 16
@@ -384,3 +384,15 @@ class Gallocr:
         if t.view_src is not None:
             return TensorAlloc(hn.buffer_id, hn.chunk, hn.offset + t.view_offs, 0)
         return TensorAlloc(hn.buffer_id, hn.chunk, hn.offset, hn.size)
+
+
+def alloc_ctx_tensors(buft: BufferType, tensors: list[Tensor], usage: str) -> Buffer:
+    """ggml_backend_alloc_ctx_tensors_from_buft for tensors that fit one buffer: in creation order,
+    each padded to the buffer type's alignment (weights, KV cache)."""
+    buf = Buffer(buft, usage)
+    offset = 0
+    for t in tensors:
+        t.buffer, t.offset = buf, offset
+        offset += aligned_size(buft.alloc_size(t), buft.alignment)
+    buf.size = offset
+    return buf

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from schedplan.backends.types import BufferType
 from schedplan.planner import ggml
+from schedplan.planner.gallocr import alloc_ctx_tensors
 from schedplan.planner.ggml import Buffer, Tensor
 from schedplan.planner.hparams import HParams
 
@@ -114,8 +115,8 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
     """llama_kv_cache::llama_kv_cache: one K and one V tensor per layer, one buffer per buffer type.
 
     `buft_for_layer(il)` gives the layer's BufferType (the device of the layer, or CPU without offload).
-    Buffers are allocated like ggml_backend_alloc_ctx_tensors_from_buft: tensors in creation order,
-    each padded to the buffer type's alignment; contexts are visited in buft-name order.
+    Buffers come from gallocr.alloc_ctx_tensors (ggml_backend_alloc_ctx_tensors_from_buft), one per
+    buffer type, visited in buffer-type name order as llama.cpp's ctx_map sorts them.
     """
     n_stream = 1 if unified else n_seq_max
     layers = []
@@ -136,18 +137,3 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
     cache.attn_rot_k = len(heads_k) == 1 and ggml.is_quantized(type_k) and hp.n_embd_head_k % 64 == 0
     cache.attn_rot_v = ggml.is_quantized(type_v) and hp.n_embd_head_v % 64 == 0
     return cache
-
-
-def alloc_ctx_tensors(buft: BufferType, tensors: list[Tensor], usage: str) -> Buffer:
-    """ggml_backend_alloc_ctx_tensors_from_buft for tensors that fit one buffer (ggml-alloc.c)."""
-    buf = Buffer(buft, usage)
-    offset = 0
-    for t in tensors:
-        t.buffer, t.offset = buf, offset
-        offset += pad_to(buft.alloc_size(t), buft.alignment)
-    buf.size = offset
-    return buf
-
-
-def pad_to(x: int, n: int) -> int:
-    return (x + n - 1) // n * n

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from schedplan.planner.gguf import GGUFHeader
 from schedplan.planner.hparams import HParams, UnsupportedModel
-from schedplan.planner.kv_cache import alloc_ctx_tensors
+from schedplan.planner.gallocr import alloc_ctx_tensors
 
 
 @dataclass

@@ -17,7 +17,7 @@ from schedplan.planner.devices import BadDevices, parse_device, plan_devices
 from schedplan.planner.gguf import read_header
 from schedplan.planner.ggml import Buffer, Cgraph, T, Tensor
 from schedplan.planner.hparams import load_hparams
-from schedplan.planner.kv_cache import alloc_ctx_tensors
+from schedplan.planner.gallocr import alloc_ctx_tensors
 from schedplan.planner.reserve import create_context, reserve, sched_reserve
 
 GGUF = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"

@@ -102,19 +102,16 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        """ggml_nbytes"""
-        if any(n <= 0 for n in self.ne):
+        """ggml_nbytes: 0 for an empty tensor; else the last element's end (blocks for quantized rows)."""
+        ne0, ne1, ne2, ne3 = self.ne
+        if ne0 <= 0 or ne1 <= 0 or ne2 <= 0 or ne3 <= 0:
             return 0
-        bs = blck_size(self.type)
+        nb0, nb1, nb2, nb3 = self.nb
+        rest = (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
+        bs, ts = _SIZES[self.type]
         if bs == 1:
-            size = type_size(self.type)
-            for i in range(4):
-                size += (self.ne[i] - 1) * self.nb[i]
-            return size
-        size = self.ne[0] * self.nb[0] // bs
-        for i in range(1, 4):
-            size += (self.ne[i] - 1) * self.nb[i]
-        return size
+            return ts + (ne0 - 1) * nb0 + rest
+        return ne0 * nb0 // bs + rest
 
     def nelements(self) -> int:
         return self.ne[0] * self.ne[1] * self.ne[2] * self.ne[3]

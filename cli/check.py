@@ -13,8 +13,8 @@ from typing import Optional
 import click
 from tabulate import tabulate
 
-from schedplan.cli.errors import USER_ERRORS, fail_cleanly
-from schedplan.cli.flags import die, given_flags, label
+from schedplan.cli.errors import USER_ERRORS, die, fail_cleanly
+from schedplan.cli.flags import given_flags, label
 from schedplan.cli.options import parse_params, plan_options
 from schedplan.planner import LLAMA_CPP_COMMIT
 from schedplan.planner.params import Params

@@ -10,7 +10,8 @@ import click
 from tabulate import tabulate
 
 from schedplan.cli.errors import fail_cleanly
-from schedplan.cli.flags import die, given_flags, label
+from schedplan.cli.errors import die
+from schedplan.cli.flags import given_flags, label
 from schedplan.cli.options import parse_params, plan_options
 from schedplan.cli.reserve import mib, peak_at
 from schedplan.planner.params import Params

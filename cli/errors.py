@@ -13,6 +13,7 @@ Two paths lead there:
 from __future__ import annotations
 
 import contextlib
+from typing import NoReturn
 
 import click
 
@@ -27,16 +28,22 @@ USER_ERRORS = (GGUFError, UnsupportedModel, BadParams, BadDevices, GGMLAbort, No
                FileNotFoundError, IsADirectoryError, PermissionError)
 
 
+def die(message: str) -> NoReturn:
+    """Bad input: one line on stderr, exit 2."""
+    click.echo(f"error: {message}", err=True)
+    raise SystemExit(2)
+
+
 @contextlib.contextmanager
 def fail_cleanly():
     try:
         yield
     except USER_ERRORS as e:
-        message = str(e)
         if isinstance(e, OSError) and e.filename:
-            message = f"{e.filename}: {e.strerror}"
-        click.echo(f"error: {message}", err=True)
-        raise SystemExit(2)
+            die(f"{e.filename}: {e.strerror}")
+        if isinstance(e, NotImplementedError):
+            die(f"the planner does not support this yet: {e}")
+        die(str(e))
 
 
 def _is_schedplan_command(ctx: click.Context | None) -> bool:

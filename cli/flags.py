@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import shlex
-from typing import NoReturn
-
 import click
 from click.core import ParameterSource
 
@@ -32,9 +30,3 @@ def given_flags() -> list[str]:
 
 def label(model: str, flags: list[str]) -> str:
     return shlex.join([model, *flags])
-
-
-def die(message: str) -> NoReturn:
-    """Bad input: one line on stderr, exit 2."""
-    click.echo(f"error: {message}", err=True)
-    raise SystemExit(2)

@@ -6,9 +6,11 @@ import json
 import click
 from tabulate import tabulate
 
+from schedplan.cli.errors import fail_cleanly
 from schedplan.cli.options import plan_options
 from schedplan.cli.run import local_rpc_option, real_run, with_local_rpc
 from schedplan.planner.params import Params
+from schedplan.planner import reserve as planner
 
 
 def _fmt(value) -> str:
@@ -55,11 +57,6 @@ def verify(model: str, params: Params, local_rpc: int, as_json: bool) -> None:
 
     Example: schedplan verify model.gguf -c 2048 -ub 512
     """
-    try:
-        from schedplan.planner.reserve import reserve as plan_reserve
-    except ImportError:
-        click.echo("planner not available yet", err=True)
-        raise SystemExit(2)
     from schedplan.backends import llama_cpp_run as lcr
     from schedplan.planner.diff import diff, first_tensor_mismatch, tensor_summary
 
@@ -67,7 +64,8 @@ def verify(model: str, params: Params, local_rpc: int, as_json: bool) -> None:
         click.echo(lcr.MISSING_MESSAGE, err=True)
         raise SystemExit(2)
     with with_local_rpc(params, local_rpc) as p:
-        plan = _plan(plan_reserve, model, p)
+        with fail_cleanly():
+            plan = planner.reserve(model, p, tensors=True)
         real = real_run(model, p, tensors=True)
     rows = diff(plan, real)
     mismatch = first_tensor_mismatch(plan, real)
@@ -98,17 +96,3 @@ def verify(model: str, params: Params, local_rpc: int, as_json: bool) -> None:
         click.echo("")
         click.echo("plan equals llama.cpp" if ok else f"plan differs from llama.cpp ({n_bad} difference(s))")
     raise SystemExit(0 if ok else 1)
-
-
-def _plan(plan_reserve, model: str, params: Params) -> dict:
-    try:
-        from schedplan.cli.errors import fail_cleanly
-    except ImportError:
-        click.echo("planner not available yet", err=True)
-        raise SystemExit(2)
-    with fail_cleanly():
-        try:
-            return plan_reserve(model, params, tensors=True)
-        except NotImplementedError as e:
-            click.echo(f"error: the planner does not support this yet: {e}", err=True)
-            raise SystemExit(2)

@@ -186,6 +186,8 @@ class HashNode:
     offset: int = 0
     size: int = 0
     allocated: bool = False
+    first: int = -1              # node index at which it got memory (-1: before the first node)
+    last: Optional[int] = None   # last node index at which it held memory; None: never freed
 
 
 @dataclass
@@ -231,6 +233,7 @@ class Gallocr:
         hn.size = self.bufts[buffer_id].alloc_size(node)
         before = alloc.size
         hn.chunk, hn.offset = dyn_tallocr_alloc(alloc, hn.size)
+        hn.first = self.node_index
         alloc.live[id(node)] = node
         if alloc.size > before:
             alloc.peak = Peak(self.node_index, alloc.size, list(alloc.live.values()))
@@ -254,7 +257,9 @@ class Gallocr:
                 hn.buffer_id = p_hn.buffer_id
                 hn.chunk, hn.offset = p_hn.chunk, p_hn.offset
                 hn.size = self.bufts[hn.buffer_id].alloc_size(node)
+                hn.first = self.node_index
                 p_hn.allocated = False
+                p_hn.last = self.node_index - 1   # the node holds the memory from here on
                 live = self.buf_tallocs[p_hn.buffer_id].live
                 del live[id(parent)]
                 live[id(node)] = node
@@ -281,6 +286,7 @@ class Gallocr:
         dyn_tallocr_free_bytes(alloc, hn.chunk, hn.offset, hn.size)
         del alloc.live[id(node)]
         hn.allocated = False
+        hn.last = self.node_index
 
     def alloc_graph_impl(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> None:
         """ggml_gallocr_alloc_graph_impl (718-823)."""
@@ -371,6 +377,14 @@ class Gallocr:
         """Where this buffer id's allocator stood when it last grew during the last reserve (its
         size is that graph's own need, which the buffer may exceed); None if it holds nothing."""
         return self.buf_tallocs[buffer_id].peak
+
+    def lifetime(self, t: Tensor) -> Optional[tuple[int, Optional[int]]]:
+        """(first, last) node indexes in which the last reserve gave t memory of its own (last None:
+        never freed); None for views and tensors with memory of their own (weights, KV)."""
+        if t.view_src is not None or t.buffer is not None:
+            return None
+        hn = self.hash.get(id(t))
+        return (hn.first, hn.last) if hn is not None and hn.size else None
 
     def tensor_alloc(self, t: Tensor) -> Optional[TensorAlloc]:
         """Where the last reserve put t; None for tensors with memory of their own (weights, KV)

@@ -269,7 +269,8 @@ def tensor_listing(ctx: Context) -> list[dict]:
     its backend, buffer and offset; `at_peak` marks the tensors alive at their buffer's peak;
     `compute`: the graph allocator placed it (in a compute buffer); `srcs`, `view_src` and
     `same_as` (a tensor listed again, e.g. a split input that is a node and a leaf) are positions
-    in this list, of a tensor's first row; `flags`: "input", "output"."""
+    in this list, of a tensor's first row; `flags`: "input", "output"; `lifetime`: the first and
+    last node at which a compute tensor holds memory of its own, as gallocr recorded it."""
     sched, galloc = ctx.sched, ctx.sched.galloc
     at_peak = set()
     for i in range(len(ctx.devices.backends)):
@@ -294,6 +295,7 @@ def tensor_listing(ctx: Context) -> list[dict]:
                          "srcs": [position[id(s)] for s in t.src if s is not None],
                          "view_src": position.get(id(t.view_src)),
                          "same_as": first_row if first_row != len(rows) else None,
+                         "lifetime": galloc.lifetime(t),
                          "flags": [f for f, bit in (("input", ggml.FLAG_INPUT), ("output", ggml.FLAG_OUTPUT))
                                    if t.flags & bit]})
     return rows

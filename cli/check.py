@@ -16,6 +16,7 @@ from tabulate import tabulate
 from schedplan.cli.errors import USER_ERRORS, die, fail_cleanly
 from schedplan.cli.flags import given_flags, label
 from schedplan.cli.options import parse_params, plan_options
+from schedplan.cli.reserve import count, signed
 from schedplan.planner import LLAMA_CPP_COMMIT
 from schedplan.planner.params import Params
 
@@ -236,14 +237,6 @@ def load_manifest(path: str) -> list[Entry]:
 
 # --- output -------------------------------------------------------------------------------------
 
-def _num(value: Optional[int]) -> str:
-    return "-" if value is None else f"{value:,}"
-
-
-def _delta(f: FigureCheck) -> str:
-    return f"{f.delta:+,}" if f.delta else "0"
-
-
 def _pct(f: FigureCheck) -> str:
     if f.figure.startswith("graphs.") or f.delta == 0:
         return ""
@@ -251,7 +244,7 @@ def _pct(f: FigureCheck) -> str:
 
 
 def figures_table(c: ConfigCheck) -> str:
-    rows = [[f.figure, _num(f.baseline), _num(f.new), _delta(f), _pct(f), f.verdict] for f in c.figures]
+    rows = [[f.figure, count(f.baseline), count(f.new), signed(f.delta), _pct(f), f.verdict] for f in c.figures]
     return tabulate(rows, headers=["figure", "baseline", "new", "delta", "delta %", "verdict"], disable_numparse=True,
                     colalign=("left", "right", "right", "right", "right", "left"))
 
@@ -296,7 +289,7 @@ def junit_xml(checks: list[ConfigCheck], tolerance: Tolerance) -> str:
             ET.SubElement(case, "error", message=c.error)
         for f in c.figures:
             case = ET.SubElement(suite, "testcase", classname=c.label, name=f.figure)
-            detail = f"baseline {_num(f.baseline)}, new {_num(f.new)}, delta {_delta(f)} {_pct(f)}".rstrip()
+            detail = f"baseline {count(f.baseline)}, new {count(f.new)}, delta {signed(f.delta)} {_pct(f)}".rstrip()
             if f.verdict == "REGRESSION":
                 detail += f", tolerance {tolerance.describe()}"
             if not f.ok:

@@ -9,11 +9,10 @@ from typing import Optional
 import click
 from tabulate import tabulate
 
-from schedplan.cli.errors import fail_cleanly
-from schedplan.cli.errors import die
+from schedplan.cli.errors import die, fail_cleanly
 from schedplan.cli.flags import given_flags, label
 from schedplan.cli.options import parse_params, plan_options
-from schedplan.cli.reserve import mib, peak_at
+from schedplan.cli.reserve import count, mib, peak_at, signed
 from schedplan.planner.params import Params
 
 KINDS = [("model", "model_buffers"), ("KV", "kv_buffers"), ("output", "output_buffers"),
@@ -93,14 +92,6 @@ def peak_deltas(pa: Optional[dict], pb: Optional[dict]) -> list[tuple[str, Delta
     return sorted(rows, key=lambda r: -max(r[1].a or 0, r[1].b or 0))
 
 
-def _n(v: Optional[int]) -> str:
-    return "-" if v is None else f"{v:,}"
-
-
-def _d(d: Delta) -> str:
-    return f"{d.delta:+,}" if d.delta else "0"
-
-
 def _d_mib(d: Delta) -> str:
     return f"{d.delta / 2**20:+.2f}" if d.delta else "0"
 
@@ -109,15 +100,15 @@ def render(a: Side, b: Side) -> str:
     out = [f"A: {a.label}", f"B: {b.label}", ""]
     rows = []
     for buft, kind, d in buffer_deltas(a, b):
-        rows.append([buft, kind, mib(d.a), mib(d.b), _d_mib(d), _n(d.a), _n(d.b), _d(d), d.pct()])
+        rows.append([buft, kind, mib(d.a), mib(d.b), _d_mib(d), count(d.a), count(d.b), signed(d.delta), d.pct()])
     ta, tb = sum(a.buffers.values()), sum(b.buffers.values())
     total = Delta("total", ta, tb)
-    rows.append(["total", "", mib(ta), mib(tb), _d_mib(total), _n(ta), _n(tb), _d(total), total.pct()])
+    rows.append(["total", "", mib(ta), mib(tb), _d_mib(total), count(ta), count(tb), signed(total.delta), total.pct()])
     out.append(tabulate(rows, headers=["buffer type", "kind", "A MiB", "B MiB", "delta MiB", "A bytes", "B bytes",
                                        "delta bytes", "delta %"], disable_numparse=True,
                         colalign=("left", "left") + ("right",) * 7))
     out.append("")
-    out.append(tabulate([[k, _n(a.counts.get(k)), _n(b.counts.get(k)), _d(Delta(k, a.counts.get(k), b.counts.get(k)))]
+    out.append(tabulate([[k, count(a.counts.get(k)), count(b.counts.get(k)), signed(Delta(k, a.counts.get(k), b.counts.get(k)).delta)]
                          for k in dict.fromkeys([*a.counts, *b.counts])],
                         headers=["graph", "A", "B", "delta"], disable_numparse=True,
                         colalign=("left", "right", "right", "right")))
@@ -130,7 +121,7 @@ def render(a: Side, b: Side) -> str:
         out += ["", f"{buft} compute buffer peak",
                 f"  A: {peak_at(pa)}, {pa['graph']} graph" if pa else "  A: no compute buffer",
                 f"  B: {peak_at(pb)}, {pb['graph']} graph" if pb else "  B: no compute buffer"]
-        rows = [[d.name, op, _n(d.a), _n(d.b), _d(d), d.pct()] for op, d in peak_deltas(pa, pb)]
+        rows = [[d.name, op, count(d.a), count(d.b), signed(d.delta), d.pct()] for op, d in peak_deltas(pa, pb)]
         out.append(tabulate(rows, headers=["tensor at the peak", "op", "A bytes", "B bytes", "delta", "delta %"],
                             disable_numparse=True, colalign=("left", "left", "right", "right", "right", "right")))
     return "\n".join(out)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from schedplan.cli.errors import fail_cleanly
-from schedplan.cli.errors import die
+from schedplan.cli.errors import die, fail_cleanly
 from schedplan.cli.flags import given_flags, label
 from schedplan.cli.options import plan_options
 from schedplan.cli.reserve import peak_at

@@ -17,6 +17,16 @@ def mib(n: int) -> str:
     return f"{n / MiB:.2f}"
 
 
+def count(n: int | None) -> str:
+    """A figure with thousands separators; "-" where a side has none."""
+    return "-" if n is None else f"{n:,}"
+
+
+def signed(delta: int) -> str:
+    """A change with its sign; plain "0" when nothing changed."""
+    return f"{delta:+,}" if delta else "0"
+
+
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @plan_options

@@ -38,16 +38,14 @@ from pathlib import Path
 from typing import Optional
 
 from schedplan.planner import LLAMA_CPP_COMMIT
-from schedplan.planner.params import Params
+from schedplan.planner.ggml import type_by_name
+from schedplan.planner.params import KV_TYPES, Params
 
 SCHEMA = "schedplan.reserve/1"
 MiB = 1024 * 1024
 MISSING_MESSAGE = ("schedplan run needs the 'run' extra: "
                    "CMAKE_ARGS=\"-DGGML_RPC=ON\" pip install 'schedplan[run]'")
 
-# ggml/include/ggml.h enum ggml_type (the KV cache types schedplan accepts)
-GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
-              "bf16": 30}
 # include/llama.h
 FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
@@ -500,9 +498,9 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
         cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]
         for key in ("type_k", "type_v"):
             value = getattr(params, key)
-            if value not in GGML_TYPES:
+            if value not in KV_TYPES:
                 raise RunError(f"unsupported cache type {value!r}")
-            setattr(cp, key, GGML_TYPES[value])
+            setattr(cp, key, type_by_name(value))
         cp.kv_unified = params.kv_unified
         cp.swa_full = params.swa_full
         cp.offload_kqv = params.offload_kqv

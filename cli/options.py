@@ -7,9 +7,8 @@ from typing import Callable
 import click
 
 from schedplan.planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device
-from schedplan.planner.params import Params
+from schedplan.planner.params import KV_TYPES, Params
 
-KV_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
 def _parse_tensor_split(value: str | None) -> tuple[float, ...]:

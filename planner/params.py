@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# the cache types -ctk/-ctv accept (common/arg.cpp kv_cache_types)
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
 
 @dataclass(frozen=True)
 class Params:

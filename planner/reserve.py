@@ -157,16 +157,19 @@ def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     n_seqs = cp.n_seq_max
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
     resolve_flash_attn(ctx)
-    n_outputs_pp = min(n_tokens, cp.n_outputs_max)
-    stats = {}
-    for name, (nt, ns, no) in (("pp", (n_tokens, n_seqs, n_outputs_pp)), ("tg", (n_seqs, n_seqs, n_seqs))):
-        g = graph_reserve(ctx, nt, ns, no)
-        stats[name] = GraphStats(g.ubatch.n_tokens, ns, no, len(g.gf.nodes), ctx.sched.n_splits,
-                                 _buffer_sizes(ctx, _graph_alone_sizes(ctx)), split_list(ctx, g.gf.nodes),
-                                 graph_peaks(ctx))
-    graph_reserve(ctx, n_tokens, n_seqs, n_outputs_pp)
-    stats["pp"].peaks = graph_peaks(ctx)   # the final reservation's
+    pp = (n_tokens, n_seqs, min(n_tokens, cp.n_outputs_max))
+    stats = {"pp": _reserve_stats(ctx, *pp), "tg": _reserve_stats(ctx, n_seqs, n_seqs, n_seqs)}
+    stats["tg"].peaks = graph_peaks(ctx)
+    graph_reserve(ctx, *pp)                # pp again: the final reservation
+    stats["pp"].peaks = graph_peaks(ctx)
     return stats
+
+
+def _reserve_stats(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphStats:
+    """graph_reserve, and what llama.cpp reports of it (peaks are taken by the caller)."""
+    g = graph_reserve(ctx, n_tokens, n_seqs, n_outputs)
+    return GraphStats(g.ubatch.n_tokens, n_seqs, n_outputs, len(g.gf.nodes), ctx.sched.n_splits,
+                      _buffer_sizes(ctx, _graph_alone_sizes(ctx)), split_list(ctx, g.gf.nodes), {})
 
 
 def graph_peaks(ctx: Context) -> dict[str, dict]:

@@ -194,23 +194,21 @@ class _Parser:
             self.fail(f"truncated file: {self.what} needs {n} bytes at offset {self.pos}, "
                       f"the file has {self.end} bytes")
 
-    def u32(self) -> int:
-        self.need(4)
-        v = _U32.unpack_from(self.buf, self.pos)[0]
-        self.pos += 4
+    def read(self, st: struct.Struct):
+        """One fixed-size value at the current position."""
+        self.need(st.size)
+        v = st.unpack_from(self.buf, self.pos)[0]
+        self.pos += st.size
         return v
+
+    def u32(self) -> int:
+        return self.read(_U32)
 
     def u64(self) -> int:
-        self.need(8)
-        v = _U64.unpack_from(self.buf, self.pos)[0]
-        self.pos += 8
-        return v
+        return self.read(_U64)
 
     def i64(self) -> int:
-        self.need(8)
-        v = _I64.unpack_from(self.buf, self.pos)[0]
-        self.pos += 8
-        return v
+        return self.read(_I64)
 
     def raw_string(self) -> bytes:
         n = self.u64()
@@ -291,9 +289,7 @@ class _Parser:
         st = _SCALAR.get(vtype)
         if st is None:
             self.fail(f"key '{key}' has invalid GGUF type {vtype}")
-        self.need(st.size)
-        v = st.unpack_from(self.buf, self.pos)[0]
-        self.pos += st.size
+        v = self.read(st)
         return (v != 0 if vtype == BOOL else v), (vtype, None)
 
     def array(self, key: str, etype: int, count: int):

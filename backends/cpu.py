@@ -7,8 +7,8 @@ which decides what CPU_REPACK takes.
 """
 from __future__ import annotations
 
-from schedplan.backends.types import Backend, BufferType
-from schedplan.planner.ggml import Tensor, type_name
+from .types import Backend, BufferType
+from ..planner.ggml import Tensor, type_name
 
 TENSOR_ALIGNMENT = 32
 

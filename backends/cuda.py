@@ -25,12 +25,12 @@ CMakeLists.txt:207) and ggml_cuda_highest_compiled_arch(cc) == cc. Only NVIDIA d
 """
 from __future__ import annotations
 
-from schedplan.backends import cpu
-from schedplan.backends.layout import (
+from . import cpu
+from .layout import (
     GGML_MAX_SRC, is_contiguous, is_contiguous_1, is_contiguous_2, is_contiguous_rows, nrows, op_param, src, tname,
 )
-from schedplan.backends.types import SIZE_MAX, Backend, BufferType
-from schedplan.planner.ggml import GGML_HINT_SRC0_IS_HADAMARD, Tensor, is_quantized, row_size, type_size
+from .types import SIZE_MAX, Backend, BufferType
+from ..planner.ggml import GGML_HINT_SRC0_IS_HADAMARD, Tensor, is_quantized, row_size, type_size
 
 ALIGNMENT = 128
 MATRIX_ROW_PADDING = 512          # common.cuh:186

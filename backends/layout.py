@@ -6,7 +6,7 @@ ggml/src/ggml-impl.h: ggml_are_same_layout 75, ggml_op_is_empty 90.
 """
 from __future__ import annotations
 
-from schedplan.planner.ggml import FLAG_OUTPUT, Tensor, blck_size, is_contiguous_m_n, type_name, type_size
+from ..planner.ggml import FLAG_OUTPUT, Tensor, blck_size, is_contiguous_m_n, type_name, type_size
 
 GGML_MAX_SRC = 10
 EMPTY_OPS = frozenset({"NONE", "RESHAPE", "TRANSPOSE", "VIEW", "PERMUTE"})

@@ -37,9 +37,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from schedplan.planner import LLAMA_CPP_COMMIT
-from schedplan.planner.ggml import type_by_name
-from schedplan.planner.params import KV_TYPES, Params
+from ..planner import LLAMA_CPP_COMMIT
+from ..planner.ggml import type_by_name
+from ..planner.params import KV_TYPES, Params
 
 SCHEMA = "schedplan.reserve/1"
 MiB = 1024 * 1024

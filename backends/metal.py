@@ -32,12 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import islice
 
-from schedplan.backends.layout import (
+from .layout import (
     GGML_MAX_SRC, can_fuse_subgraph, is_contiguous_1, is_contiguous_rows, is_transposed, op_is_empty,
     op_param, same_layout, same_shape, src, tname, use_counts,
 )
-from schedplan.backends.types import Backend, BufferType
-from schedplan.planner.ggml import GGML_HINT_SRC0_IS_HADAMARD, Tensor
+from .types import Backend, BufferType
+from ..planner.ggml import GGML_HINT_SRC0_IS_HADAMARD, Tensor
 
 ALIGNMENT = 32
 OP_OFFLOAD_MIN_BATCH = 32

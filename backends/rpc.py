@@ -10,9 +10,9 @@
 """
 from __future__ import annotations
 
-from schedplan.backends import cpu
-from schedplan.backends.types import SIZE_MAX, Backend, BufferType
-from schedplan.planner.ggml import Tensor
+from . import cpu
+from .types import SIZE_MAX, Backend, BufferType
+from ..planner.ggml import Tensor
 
 
 def rpc_backend(endpoint: str, global_id: int) -> Backend:

@@ -30,7 +30,7 @@ HOST = "127.0.0.1"
 
 def serve(port: int, threads: int) -> None:
     """Run the RPC server in this process, forever (stopped by a signal)."""
-    from schedplan.backends.llama_cpp_run import GGML_BACKEND_DEVICE_TYPE_CPU, LlamaCppMissing, load_lib
+    from .llama_cpp_run import GGML_BACKEND_DEVICE_TYPE_CPU, LlamaCppMissing, load_lib
 
     _die_with_parent()
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from schedplan.planner.ggml import Tensor
+from ..planner.ggml import Tensor
 
 SIZE_MAX = 2**64 - 1
 

@@ -27,12 +27,12 @@ whole graph's); they differ only for a pulled ROPE/RMS_NORM that is also read ou
 """
 from __future__ import annotations
 
-from schedplan.backends.cuda import op_batch_size
-from schedplan.backends.layout import (
+from .cuda import op_batch_size
+from .layout import (
     GGML_MAX_SRC, can_fuse_subgraph, is_contiguous, is_contiguous_rows, op_is_empty, op_param, src, tname, use_counts,
 )
-from schedplan.backends.types import Backend, BufferType
-from schedplan.planner.ggml import Tensor, blck_size, is_quantized, type_size
+from .types import Backend, BufferType
+from ..planner.ggml import Tensor, blck_size, is_quantized, type_size
 
 GiB = 1024**3
 SUBALLOCATION_BLOCK_SIZE = GiB        # vk:4216

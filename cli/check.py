@@ -13,12 +13,12 @@ from typing import Optional
 import click
 from tabulate import tabulate
 
-from schedplan.cli.errors import USER_ERRORS, die, fail_cleanly
-from schedplan.cli.flags import given_flags, label
-from schedplan.cli.options import parse_params, plan_options
-from schedplan.cli.reserve import count, signed
-from schedplan.planner import LLAMA_CPP_COMMIT
-from schedplan.planner.params import Params
+from .errors import USER_ERRORS, die, fail_cleanly
+from .flags import given_flags, label
+from .options import parse_params, plan_options
+from .reserve import count, signed
+from ..planner import LLAMA_CPP_COMMIT
+from ..planner.params import Params
 
 BASELINE_SCHEMA = "schedplan.baseline/1"
 BYTE_SECTIONS = ("compute_buffers", "kv_buffers", "output_buffers", "model_buffers")
@@ -166,7 +166,7 @@ CONFIG_ERRORS = USER_ERRORS + (BadInput, click.ClickException)
 def check_config(model: str, flags: list[str], params: Optional[Params], baseline_path: str,
                  tolerance: Tolerance) -> ConfigCheck:
     """Plan one configuration (params, or parsed from flags) and check it against its baseline."""
-    from schedplan.planner.reserve import reserve as plan
+    from ..planner.reserve import reserve as plan
 
     out = ConfigCheck(model, flags, baseline_path)
     try:
@@ -319,7 +319,7 @@ def baseline(model: str, params: Params, output: str, print_json: bool) -> None:
 
     Example: schedplan baseline model.gguf -c 4096 -o model-c4096.json
     """
-    from schedplan.planner.reserve import reserve as plan
+    from ..planner.reserve import reserve as plan
 
     flags = given_flags()
     with fail_cleanly():

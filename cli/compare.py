@@ -9,11 +9,11 @@ from typing import Optional
 import click
 from tabulate import tabulate
 
-from schedplan.cli.errors import die, fail_cleanly
-from schedplan.cli.flags import given_flags, label
-from schedplan.cli.options import parse_params, plan_options
-from schedplan.cli.reserve import count, mib, peak_at, signed
-from schedplan.planner.params import Params
+from .errors import die, fail_cleanly
+from .flags import given_flags, label
+from .options import parse_params, plan_options
+from .reserve import count, mib, peak_at, signed
+from ..planner.params import Params
 
 KINDS = [("model", "model_buffers"), ("KV", "kv_buffers"), ("output", "output_buffers"),
          ("compute", "compute_buffers")]
@@ -179,7 +179,7 @@ def compare(model: str, model_b: Optional[str], params: Params, flags_a: str, fl
       schedplan compare model-q4_0.gguf model-q8_0.gguf -c 4096 -fa on
       schedplan compare model.gguf -c 4096 --pp-vs-tg
     """
-    from schedplan.planner.reserve import reserve as plan
+    from ..planner.reserve import reserve as plan
 
     if pp_vs_tg and (model_b is not None or flags_a or flags_b):
         die("--pp-vs-tg compares the graphs of one plan: give no MODEL_B, --a or --b with it")

@@ -17,11 +17,11 @@ from typing import NoReturn
 
 import click
 
-from schedplan.planner.cparams import BadParams
-from schedplan.planner.devices import BadDevices
-from schedplan.planner.ggml import GGMLAbort
-from schedplan.planner.gguf import GGUFError
-from schedplan.planner.hparams import UnsupportedModel
+from ..planner.cparams import BadParams
+from ..planner.devices import BadDevices
+from ..planner.ggml import GGMLAbort
+from ..planner.gguf import GGUFError
+from ..planner.hparams import UnsupportedModel
 
 # NotImplementedError: a configuration schedplan does not model yet (it says which), never a guess
 USER_ERRORS = (GGUFError, UnsupportedModel, BadParams, BadDevices, GGMLAbort, NotImplementedError,

@@ -5,7 +5,7 @@ import shlex
 import click
 from click.core import ParameterSource
 
-from schedplan.cli.options import plan_options
+from .options import plan_options
 
 PLAN_OPTIONS = [p for p in click.command()(plan_options(lambda params: None)).params if isinstance(p, click.Option)]
 

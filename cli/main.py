@@ -1,12 +1,12 @@
 """schedplan command line."""
 import click
 
-from schedplan.cli.check import baseline, check
-from schedplan.cli.compare import compare
-from schedplan.cli.plot import plot
-from schedplan.cli.reserve import reserve
-from schedplan.cli.run import run
-from schedplan.cli.verify import verify
+from .check import baseline, check
+from .compare import compare
+from .plot import plot
+from .reserve import reserve
+from .run import run
+from .verify import verify
 
 
 @click.group()

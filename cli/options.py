@@ -6,8 +6,8 @@ from typing import Callable
 
 import click
 
-from schedplan.planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device
-from schedplan.planner.params import KV_TYPES, Params
+from ..planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device
+from ..planner.params import KV_TYPES, Params
 
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 
-from schedplan.cli.errors import die, fail_cleanly
-from schedplan.cli.flags import given_flags, label
-from schedplan.cli.options import plan_options
-from schedplan.cli.reserve import peak_at
-from schedplan.planner.params import Params
-from schedplan.planner.timeline import Lifetime, alive_at, lifetimes
+from .errors import die, fail_cleanly
+from .flags import given_flags, label
+from .options import plan_options
+from .reserve import peak_at
+from ..planner.params import Params
+from ..planner.timeline import Lifetime, alive_at, lifetimes
 
 MISSING = "schedplan plot needs matplotlib: pip install 'schedplan[plot]'"
 AT_PEAK, OTHER, PEAK = "#e8710a", "#7aa6d6", "#c5221f"
@@ -136,7 +136,7 @@ def plot(model: str, params: Params, output: str, graph: str, as_json: bool) -> 
         import matplotlib  # noqa: F401
     except ImportError:
         die(MISSING)
-    from schedplan.planner.reserve import reserve as plan
+    from ..planner.reserve import reserve as plan
 
     with fail_cleanly():
         result = plan(model, params, tensors=True, graph=graph)

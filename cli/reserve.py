@@ -6,9 +6,9 @@ import json
 import click
 from tabulate import tabulate
 
-from schedplan.cli.errors import fail_cleanly
-from schedplan.cli.options import plan_options
-from schedplan.planner.params import Params
+from .errors import fail_cleanly
+from .options import plan_options
+from ..planner.params import Params
 
 MiB = 1024 * 1024
 
@@ -48,7 +48,7 @@ def reserve(model: str, params: Params, tensors: bool, peak: bool, graph: str, a
 
     Example: schedplan reserve model.gguf -c 8192 -ub 512 -fa on
     """
-    from schedplan.planner.reserve import reserve as plan
+    from ..planner.reserve import reserve as plan
 
     with fail_cleanly():
         result = plan(model, params, tensors=tensors, graph=graph)

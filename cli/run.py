@@ -7,8 +7,8 @@ import json
 
 import click
 
-from schedplan.cli.options import plan_options
-from schedplan.planner.params import Params
+from .options import plan_options
+from ..planner.params import Params
 
 
 def local_rpc_option(func):
@@ -23,7 +23,7 @@ def with_local_rpc(params: Params, n: int):
     if not n:
         yield params
         return
-    from schedplan.backends.rpc_server import rpc_servers
+    from ..backends.rpc_server import rpc_servers
     try:
         servers = rpc_servers(n)
         endpoints = servers.__enter__()
@@ -37,7 +37,7 @@ def with_local_rpc(params: Params, n: int):
 
 def real_run(model: str, params: Params, tensors: bool, log_path: str | None = None) -> dict:
     """run() with every failure turned into one line on stderr and a non-zero exit."""
-    from schedplan.backends import llama_cpp_run as lcr
+    from ..backends import llama_cpp_run as lcr
 
     try:
         return lcr.run(model, params, tensors=tensors, log_path=log_path)
@@ -85,7 +85,7 @@ def run(model: str, params: Params, local_rpc: int, tensors: bool, as_json: bool
 
     Example: schedplan run model.gguf -c 2048 -ub 512 --local-rpc 1 -ngl 15
     """
-    from schedplan.backends import llama_cpp_run as lcr
+    from ..backends import llama_cpp_run as lcr
 
     if not lcr.available():
         click.echo(lcr.MISSING_MESSAGE, err=True)
@@ -95,7 +95,7 @@ def run(model: str, params: Params, local_rpc: int, tensors: bool, as_json: bool
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
-    from schedplan.cli.reserve import render
+    from .reserve import render
     click.echo(render(result))
     click.echo("")
     click.echo(exact_bytes_table(result))

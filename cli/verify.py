@@ -6,11 +6,11 @@ import json
 import click
 from tabulate import tabulate
 
-from schedplan.cli.errors import fail_cleanly
-from schedplan.cli.options import plan_options
-from schedplan.cli.run import local_rpc_option, real_run, with_local_rpc
-from schedplan.planner.params import Params
-from schedplan.planner import reserve as planner
+from .errors import fail_cleanly
+from .options import plan_options
+from .run import local_rpc_option, real_run, with_local_rpc
+from ..planner.params import Params
+from ..planner import reserve as planner
 
 
 def _fmt(value) -> str:
@@ -57,8 +57,8 @@ def verify(model: str, params: Params, local_rpc: int, as_json: bool) -> None:
 
     Example: schedplan verify model.gguf -c 2048 -ub 512
     """
-    from schedplan.backends import llama_cpp_run as lcr
-    from schedplan.planner.diff import diff, first_tensor_mismatch, tensor_summary
+    from ..backends import llama_cpp_run as lcr
+    from ..planner.diff import diff, first_tensor_mismatch, tensor_summary
 
     if not lcr.available():
         click.echo(lcr.MISSING_MESSAGE, err=True)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedplan.planner import ggml
-from schedplan.planner.hparams import HParams
-from schedplan.planner.params import Params
+from . import ggml
+from .hparams import HParams
+from .params import Params
 
 LLAMA_MAX_SEQ = 256
 
@@ -63,10 +63,11 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
                             f"but -fa is off (use -fa on or -fa auto)")
         flash_attn = "on"
     if flash_attn != "off":
-        for t, head, which in ((type_k, hp.n_embd_head_k, "K"), (type_v, hp.n_embd_head_v, "V")):
-            if ggml.is_quantized(t) and head % ggml.blck_size(t) != 0:
-                raise BadParams(f"{which} cache type {ggml.type_name(t)} with block size {ggml.blck_size(t)} "
-                                f"does not divide n_embd_head_{which.lower()}={head}")
+        for t, head_of, which in ((type_k, hp.n_embd_head_k, "K"), (type_v, hp.n_embd_head_v, "V")):
+            for il in range(hp.n_layer):
+                if ggml.is_quantized(t) and head_of(il) % ggml.blck_size(t) != 0:
+                    raise BadParams(f"{which} cache type {ggml.type_name(t)} with block size {ggml.blck_size(t)} "
+                                    f"does not divide n_embd_head_{which.lower()}={head_of(il)}")
     return CParams(
         n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
         n_outputs_max=n_outputs_max, kv_unified=params.kv_unified,

@@ -26,12 +26,12 @@ from fractions import Fraction
 from itertools import accumulate
 from typing import Optional
 
-from schedplan.backends import cpu, cuda, metal, rpc, vulkan
-from schedplan.backends.types import Backend, BufferType
-from schedplan.planner import ggml
-from schedplan.planner.ggml import Buffer, Tensor
-from schedplan.planner.hparams import HParams
-from schedplan.planner.params import Params
+from ..backends import cpu, cuda, metal, rpc, vulkan
+from ..backends.types import Backend, BufferType
+from . import ggml
+from .ggml import Buffer, Tensor
+from .hparams import HParams
+from .params import Params
 
 
 class BadDevices(Exception):
@@ -219,27 +219,6 @@ def _f32(x: float) -> float:
 
 # --- weights ----------------------------------------------------------------------------------------
 
-# llm_tensor_info_for (src/llama-arch.cpp:728-890): the op that uses each weight decides its buffer type
-MUL_MAT_WEIGHTS = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
-                   "ffn_up.weight", "ffn_down.weight", "output.weight")
-NORM_WEIGHTS = ("attn_norm.weight", "ffn_norm.weight", "output_norm.weight")
-
-
-def weight_op(name: str, il: int, n_layer: int) -> str:
-    if name == "token_embd.weight":
-        # a tied output is the duplicate at n_layer, taken as LLM_TENSOR_OUTPUT (llama-model-loader.cpp:1166)
-        return "MUL_MAT" if il == n_layer else "GET_ROWS"
-    if name.endswith(MUL_MAT_WEIGHTS):
-        return "MUL_MAT"
-    if name.endswith(NORM_WEIGHTS):
-        return "MUL"
-    if name == "rope_freqs.weight":
-        return "ROPE"
-    if name.endswith(".bias"):
-        return "ADD"                # llama-model-loader.cpp:1189-1191
-    raise ValueError(f"no op known for weight {name}")
-
-
 def weight_probe(weight: Tensor, op: str, hp: HParams) -> Tensor:
     """The op weight_buft_supported (llama-model-loader.cpp:927-1064) asks the device about."""
     if op == "GET_ROWS":
@@ -250,7 +229,9 @@ def weight_probe(weight: Tensor, op: str, hp: HParams) -> Tensor:
         return ggml.add(ggml.new_tensor(ggml.T.F32, *weight.ne), weight)
     if op == "MUL":
         return ggml.mul(ggml.new_tensor(ggml.T.F32, *weight.ne), weight)
-    a = ggml.new_tensor(ggml.T.F32, hp.n_embd_head_v, hp.n_head[0], 512)
+    if op != "ROPE":
+        raise NotImplementedError(f"no weight_buft_supported probe for a weight used by {op}")
+    a = ggml.new_tensor(ggml.T.F32, hp.n_embd_head_v(), hp.n_head(), 512)
     return ggml.rope_ext(a, ggml.new_tensor(ggml.T.I32, 512), weight, 0, 0, 0)
 
 
@@ -284,8 +265,7 @@ def weight_placement(devices: Devices, params: Params, hp: HParams):
             return repack
         return mapped
 
-    def place(weight: Tensor, name: str, il: int) -> BufferType:
-        op = weight_op(name, il, n_layer)
+    def place(weight: Tensor, name: str, op: str, il: int) -> BufferType:
         for pattern, target in overrides:
             if pattern.search(name):
                 # an override to the CPU still picks among the CPU list (CPU_REPACK, ...)

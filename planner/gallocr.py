@@ -12,8 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from schedplan.backends.types import SIZE_MAX, BufferType
-from schedplan.planner.ggml import FLAG_INPUT, FLAG_OUTPUT, Buffer, Cgraph, Tensor
+from ..backends.types import SIZE_MAX, BufferType
+from .ggml import FLAG_INPUT, FLAG_OUTPUT, Buffer, Cgraph, Tensor
 
 MAX_FREE_BLOCKS = 256
 GGML_VBUFFER_MAX_CHUNKS = 16

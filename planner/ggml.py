@@ -10,10 +10,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from schedplan.planner.gguf import GGML_TYPE_SIZES
+from .gguf import GGML_TYPE_SIZES
 
 if TYPE_CHECKING:
-    from schedplan.backends.types import BufferType
+    from ..backends.types import BufferType
 
 # ggml.h enum ggml_tensor_flag
 FLAG_INPUT, FLAG_OUTPUT, FLAG_PARAM, FLAG_LOSS = 1, 2, 4, 8
@@ -283,6 +283,19 @@ def scale(a: Tensor, s: float, inplace: bool = False) -> Tensor:
 
 def rms_norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
     return _unary_like("RMS_NORM", a, [a], (eps,), inplace)
+
+
+def norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
+    return _unary_like("NORM", a, [a], (eps,), inplace)
+
+
+# enum ggml_unary_op, for the ones schedplan builds
+UNARY_OPS = {"TANH": 4, "RELU": 6, "GELU": 8, "SILU": 10}
+
+
+def unary(a: Tensor, unary_op: str) -> Tensor:
+    """ggml_unary_impl (ggml_gelu, ggml_silu, ggml_tanh, ...): op UNARY, the kind in op_params[0]."""
+    return _unary_like("UNARY", a, [a], (UNARY_OPS[unary_op],))
 
 
 def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int, n_ctx_orig: int,

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
-from schedplan.planner import ggml
-from schedplan.planner.cparams import CParams
-from schedplan.planner.ggml import Cgraph, Tensor
-from schedplan.planner.kv_cache import KVCache
-from schedplan.planner.model import Model
+from . import ggml
+from .cparams import CParams
+from .ggml import Cgraph, Tensor
+from .kv_cache import KVCache
+from .kv_cache_iswa import KVCacheISWA
+from .model import Model
 
 
 
@@ -33,7 +34,8 @@ class Ubatch:
 
 @dataclass
 class AttnInput:
-    """llm_graph_input_attn_kv"""
+    """llm_graph_input_attn_kv: one cache's indices, mask and rotations"""
+    kv: KVCache
     k_idxs: Tensor
     v_idxs: Tensor
     kq_mask: Tensor
@@ -42,12 +44,24 @@ class AttnInput:
 
 
 @dataclass
+class AttnInputISWA:
+    """llm_graph_input_attn_kv_iswa"""
+    base: AttnInput
+    swa: AttnInput
+
+
+# llm_norm_type, llm_ffn_op_type, llm_ffn_gate_type
+LLM_NORM, LLM_NORM_RMS = "NORM", "RMS_NORM"
+LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU = "SILU", "GELU", "RELU"
+LLM_FFN_SEQ, LLM_FFN_PAR = "SEQ", "PAR"
+
+
+@dataclass
 class GraphContext:
     model: Model
     cparams: CParams
-    kv: KVCache
+    kv: Union[KVCache, KVCacheISWA]
     ubatch: Ubatch
-    n_kv: int
     # graph_get_cb's backend pinning: pin(tensor, il) for "norm" and "l_last" (llama-context.cpp:2635)
     pin: Callable[[Tensor, int], None]
     # build_attn_mha without offload_kqv: ggml_backend_sched_set_tensor_backend(cur, backend_cpu)
@@ -78,6 +92,8 @@ class GraphContext:
         embd.set_input()
         rows = ggml.get_rows(tok_embd, tokens)
         cur = ggml.build_forward_select(self.gf, [rows, embd], 0)   # ubatch.token != nullptr
+        if self.hparams.f_embedding_scale != 0.0:
+            cur = ggml.scale(cur, self.hparams.f_embedding_scale)
         self.cb(cur, "embd", -1)
         ggml.build_forward_expand(self.gf, cur)
         return cur
@@ -95,39 +111,78 @@ class GraphContext:
         return cur
 
     def build_attn_inp_kv(self) -> AttnInput:
-        """build_attn_inp_kv_impl + build_attn_inp_kq_mask"""
+        """build_attn_inp_kv_impl"""
+        return self._attn_inp(self.kv)
+
+    def build_attn_inp_kv_iswa(self) -> AttnInputISWA:
+        """build_attn_inp_kv_iswa: the base cache's inputs, then the SWA cache's, then the rotations."""
+        base = self._attn_inp(self.kv.base, rotations=False)
+        swa = self._attn_inp(self.kv.swa, rotations=False)
+        base.k_rot, base.v_rot = self.kv.base.build_input_k_rot(), self.kv.base.build_input_v_rot()
+        swa.k_rot, swa.v_rot = self.kv.swa.build_input_k_rot(), self.kv.swa.build_input_v_rot()
+        return AttnInputISWA(base, swa)
+
+    def _attn_inp(self, kv: KVCache, rotations: bool = True) -> AttnInput:
         n_tokens = self.ubatch.n_tokens
-        k_idxs = self.kv.build_input_k_idxs(n_tokens)
-        v_idxs = self.kv.build_input_v_idxs(n_tokens)
+        k_idxs = kv.build_input_k_idxs(n_tokens)
+        v_idxs = kv.build_input_v_idxs(n_tokens)
+        inp = AttnInput(kv, k_idxs, v_idxs, self.build_attn_inp_kq_mask(kv), None, None)
+        if rotations:
+            inp.k_rot, inp.v_rot = kv.build_input_k_rot(), kv.build_input_v_rot()
+        return inp
+
+    def build_attn_inp_kq_mask(self, kv: KVCache) -> Tensor:
+        n_tokens = self.ubatch.n_tokens
         n_stream = 1 if self.cparams.kv_unified else self.ubatch.n_seqs_unq
-        mask_type = ggml.T.F16 if self.cparams.flash_attn else ggml.T.F32
-        mask = ggml.new_tensor(mask_type, self.n_kv, n_tokens // n_stream, 1, n_stream)
+        mask_type = ggml.T.F16 if self.cparams.flash_attn else ggml.T.F32   # flash attention wants f16
+        mask = ggml.new_tensor(mask_type, kv.get_n_kv(), n_tokens // n_stream, 1, n_stream)
         mask.set_input()
         set_name(mask, "attn_inp_kq_mask")
-        return AttnInput(k_idxs, v_idxs, mask, self.kv.build_input_k_rot(), self.kv.build_input_v_rot())
+        return mask
 
     # --- layers ----------------------------------------------------------------------------------
 
     def build_lora_mm(self, w: Tensor, cur: Tensor) -> Tensor:
         return ggml.mul_mat(w, cur)
 
-    def build_norm(self, cur: Tensor, mw: Optional[Tensor], il: int) -> Tensor:
-        """LLM_NORM_RMS without bias"""
-        cur = ggml.rms_norm(cur, self.hparams.f_norm_rms_eps)
-        if mw is not None:
+    def build_norm(self, cur: Tensor, mw: Optional[Tensor], mb: Optional[Tensor], type_: str, il: int) -> Tensor:
+        """build_norm with LLM_NORM or LLM_NORM_RMS"""
+        if type_ == LLM_NORM:
+            cur = ggml.norm(cur, self.hparams.f_norm_eps)
+        else:
+            cur = ggml.rms_norm(cur, self.hparams.f_norm_rms_eps)
+        if mw is not None or mb is not None:
             self.cb(cur, "norm", il)
+        if mw is not None:
             cur = ggml.mul(cur, mw)
+            if mb is not None:
+                self.cb(cur, "norm_w", il)
+        if mb is not None:
+            cur = ggml.add(cur, mb)
         return cur
 
     def build_qkv(self, layer, cur: Tensor, n_embd_head: int, n_head: int, n_head_kv: int, il: int):
-        """The separate Q/K/V path of build_qkv with reshape."""
+        """build_qkv with reshape: the fused attn_qkv path (views of one product) or separate Q/K/V."""
         n_tokens = self.ubatch.n_tokens
-        q = self._proj(layer.wq, layer.wq_b, cur, "Qcur", il)
-        k = self._proj(layer.wk, layer.wk_b, cur, "Kcur", il)
-        v = self._proj(layer.wv, layer.wv_b, cur, "Vcur", il)
-        q = ggml.reshape(q, n_embd_head, n_head, n_tokens)
-        k = ggml.reshape(k, n_embd_head, n_head_kv, n_tokens)
-        v = ggml.reshape(v, n_embd_head, n_head_kv, n_tokens)
+        if layer.wqkv is not None:
+            qkv = self.build_lora_mm(layer.wqkv, cur)
+            self.cb(qkv, "wqkv", il)
+            if layer.wqkv_b is not None:
+                qkv = ggml.add(qkv, layer.wqkv_b)
+                self.cb(qkv, "wqkv_b", il)
+            n_embd_q, n_embd_k = n_embd_head * n_head, n_embd_head * n_head_kv
+            row = ggml.row_size(qkv.type, n_embd_head)
+            q = ggml.view(qkv, (n_embd_head, n_head, n_tokens), (row, qkv.nb[1]), 0)
+            k = ggml.view(qkv, (n_embd_head, n_head_kv, n_tokens), (row, qkv.nb[1]), ggml.row_size(qkv.type, n_embd_q))
+            v = ggml.view(qkv, (n_embd_head, n_head_kv, n_tokens), (row, qkv.nb[1]),
+                          ggml.row_size(qkv.type, n_embd_q + n_embd_k))
+        else:
+            q = self._proj(layer.wq, layer.wq_b, cur, "Qcur", il)
+            k = self._proj(layer.wk, layer.wk_b, cur, "Kcur", il)
+            v = self._proj(layer.wv, layer.wv_b, cur, "Vcur", il)
+            q = ggml.reshape(q, n_embd_head, n_head, n_tokens)
+            k = ggml.reshape(k, n_embd_head, n_head_kv, n_tokens)
+            v = ggml.reshape(v, n_embd_head, n_head_kv, n_tokens)
         self.cb(q, "Qcur", il)
         self.cb(k, "Kcur", il)
         self.cb(v, "Vcur", il)
@@ -141,53 +196,69 @@ class GraphContext:
             self.cb(x, name, il)
         return x
 
-    def build_ffn_silu_par(self, layer, cur: Tensor, il: int) -> Tensor:
-        """build_ffn with LLM_FFN_SILU, LLM_FFN_PAR (gate and up in parallel, swiglu, down)."""
-        tmp = self.build_lora_mm(layer.ffn_up, cur)
+    def build_ffn(self, cur: Tensor, up: Optional[Tensor], up_b: Optional[Tensor], gate: Optional[Tensor],
+                  gate_b: Optional[Tensor], down: Optional[Tensor], down_b: Optional[Tensor], type_op: str,
+                  type_gate: str, il: int) -> Tensor:
+        """build_ffn for LLM_FFN_SILU / GELU / RELU with a sequential or parallel gate."""
+        tmp = self.build_lora_mm(up, cur) if up is not None else cur
         self.cb(tmp, "ffn_up", il)
-        if layer.ffn_up_b is not None:
-            tmp = ggml.add(tmp, layer.ffn_up_b)
+        if up_b is not None:
+            tmp = ggml.add(tmp, up_b)
             self.cb(tmp, "ffn_up_b", il)
-        cur = self.build_lora_mm(layer.ffn_gate, cur)
-        self.cb(cur, "ffn_gate", il)
-        if layer.ffn_gate_b is not None:
-            cur = ggml.add(cur, layer.ffn_gate_b)
-            self.cb(cur, "ffn_gate_b", il)
-        cur = ggml.glu_split(cur, tmp, ggml.GLU_SWIGLU)
-        self.cb(cur, "ffn_swiglu", il)
-        cur = self.build_lora_mm(layer.ffn_down, cur)
-        if layer.ffn_down_b is not None:
+        if gate is not None:
+            cur = self.build_lora_mm(gate, tmp if type_gate == LLM_FFN_SEQ else cur)
+            self.cb(cur, "ffn_gate", il)
+            if gate_b is not None:
+                cur = ggml.add(cur, gate_b)
+                self.cb(cur, "ffn_gate_b", il)
+        else:
+            cur = tmp
+        if gate is not None and type_gate == LLM_FFN_PAR:
+            glu, name = {LLM_FFN_SILU: (ggml.GLU_SWIGLU, "ffn_swiglu"), LLM_FFN_GELU: (ggml.GLU_GEGLU, "ffn_geglu"),
+                         LLM_FFN_RELU: (ggml.GLU_REGLU, "ffn_reglu")}[type_op]
+            cur = ggml.glu_split(cur, tmp, glu)
+            self.cb(cur, name, il)
+        else:
+            cur = ggml.unary(cur, type_op)
+            self.cb(cur, f"ffn_{type_op.lower()}", il)
+        if down is not None:
+            cur = self.build_lora_mm(down, cur)
+        if down_b is not None:
             self.cb(cur, "ffn_down", il)
-            cur = ggml.add(cur, layer.ffn_down_b)
+            cur = ggml.add(cur, down_b)
         return cur
 
     # --- attention -------------------------------------------------------------------------------
 
-    def build_attn(self, inp: AttnInput, wo: Tensor, wo_b: Optional[Tensor], q_cur: Tensor, k_cur: Tensor,
+    def build_attn(self, inp, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor, k_cur: Tensor,
                    v_cur: Tensor, kq_scale: float, il: int) -> Tensor:
-        """build_attn(llm_graph_input_attn_kv *, ...)"""
+        """build_attn(llm_graph_input_attn_kv *) and build_attn(llm_graph_input_attn_kv_iswa *): the
+        iswa form picks the layer's cache and expands q, k, v (the plain form q, v, k)."""
+        iswa = isinstance(inp, AttnInputISWA)
+        if iswa:
+            inp = inp.swa if self.hparams.is_swa(il) else inp.base
         if inp.k_rot is not None:
             q_cur = mul_mat_hadamard(q_cur, inp.k_rot)
             k_cur = mul_mat_hadamard(k_cur, inp.k_rot)
         if inp.v_rot is not None:
             v_cur = mul_mat_hadamard(v_cur, inp.v_rot)
-        ggml.build_forward_expand(self.gf, q_cur)
-        ggml.build_forward_expand(self.gf, v_cur)
-        ggml.build_forward_expand(self.gf, k_cur)
-        ggml.build_forward_expand(self.gf, self.kv.cpy_k(k_cur, inp.k_idxs, il))
-        ggml.build_forward_expand(self.gf, self.kv.cpy_v(v_cur, inp.v_idxs, il))
-        k = self.kv.get_k(il, self.n_kv)
-        v = self.kv.get_v(il, self.n_kv)
-        cur = self.build_attn_mha(q_cur, k, v, inp.kq_mask, kq_scale, il)
+        for t in (q_cur, k_cur, v_cur) if iswa else (q_cur, v_cur, k_cur):
+            ggml.build_forward_expand(self.gf, t)
+        kv = inp.kv
+        ggml.build_forward_expand(self.gf, kv.cpy_k(k_cur, inp.k_idxs, il))
+        ggml.build_forward_expand(self.gf, kv.cpy_v(v_cur, inp.v_idxs, il))
+        cur = self.build_attn_mha(q_cur, kv.get_k(il), kv.get_v(il), inp.kq_mask, kq_scale, il)
         self.cb(cur, "kqv_out", il)
         if inp.v_rot is not None:
             cur = mul_mat_hadamard(cur, inp.v_rot)
-        cur = self.build_lora_mm(wo, cur)
+        if wo is not None:
+            cur = self.build_lora_mm(wo, cur)
         if wo_b is not None:
             cur = ggml.add(cur, wo_b)
         return cur
 
     def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int) -> Tensor:
+        hp = self.hparams
         v_trans = v.nb[1] > v.nb[2]
         n_stream = k.ne[3]
         q = ggml.view(q, (q.ne[0], q.ne[1], q.ne[2] // n_stream, n_stream),
@@ -202,12 +273,20 @@ class GraphContext:
                 k = ggml.cast(k, ggml.T.F16)
             if v.type == ggml.T.F32:
                 v = ggml.cast(v, ggml.T.F16)
-            cur = ggml.flash_attn_ext(q, k, v, kq_mask, kq_scale, 0.0, 0.0)
+            cur = ggml.flash_attn_ext(q, k, v, kq_mask, kq_scale, 0.0,
+                                      hp.f_attn_logit_softcapping if hp.attn_soft_cap else 0.0)
             self.fused_flash_attn.append((cur, il))
             cur = ggml.reshape(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         else:
             kq = ggml.mul_mat(k, q)
             self.cb(kq, "kq", il)
+            if hp.attn_soft_cap:
+                kq = ggml.scale(kq, 1.0 / hp.f_attn_logit_softcapping)
+                self.cb(kq, "kq_scaled_1", il)
+                kq = ggml.unary(kq, "TANH")
+                self.cb(kq, "kq_tanh", il)
+                kq = ggml.scale(kq, hp.f_attn_logit_softcapping)
+                self.cb(kq, "kq_scaled_2", il)
             kq = ggml.soft_max_ext(kq, kq_mask, kq_scale, 0.0)
             self.cb(kq, "kq_soft_max", il)
             if not v_trans:
@@ -221,6 +300,17 @@ class GraphContext:
                 self.pin_cpu(cur)
         ggml.build_forward_expand(self.gf, cur)
         return cur
+
+    def build_output(self, cur: Tensor) -> None:
+        """The tail most builders share: output_norm (result_norm, t_embd), the lm_head
+        (result_output, t_logits), expanded into the graph."""
+        cur = self.build_norm(cur, self.model.output_norm, None, LLM_NORM_RMS, -1)
+        self.cb(cur, "result_norm", -1)
+        self.t_embd = cur
+        cur = self.build_lora_mm(self.model.output, cur)
+        self.cb(cur, "result_output", -1)
+        self.t_logits = cur
+        ggml.build_forward_expand(self.gf, cur)
 
     def set_outputs(self) -> None:
         """llm_graph_result::set_outputs"""
@@ -242,4 +332,5 @@ def mul_mat_hadamard(cur: Tensor, rot: Tensor) -> Tensor:
 
 
 def kq_scale_for(hparams, n_embd_head: int) -> float:
+    """The builders' usual scale: attention.scale when the header sets it, else 1/sqrt(head size)."""
     return 1.0 / math.sqrt(n_embd_head) if hparams.f_attention_scale == 0.0 else hparams.f_attention_scale

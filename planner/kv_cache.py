@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schedplan.backends.types import BufferType
-from schedplan.planner import ggml
-from schedplan.planner.gallocr import alloc_ctx_tensors
-from schedplan.planner.ggml import Buffer, Tensor
-from schedplan.planner.hparams import HParams
+from ..backends.types import BufferType
+from . import ggml
+from .gallocr import alloc_ctx_tensors
+from .ggml import Buffer, Tensor
+from .hparams import HParams
 
 
 @dataclass
@@ -25,29 +25,37 @@ class KVCache:
     v_trans: bool
     kv_size: int
     n_stream: int
-    layers: list[KVLayer]
+    layers: dict[int, KVLayer]                                 # map_layer_ids: model layer -> its K/V
     buffers: dict[str, Buffer] = field(default_factory=dict)   # buft name -> buffer
+    n_embd_head_k_all: int = 0                                 # the layers' head size; -1 when they differ
     attn_rot_k: bool = False
     attn_rot_v: bool = False
 
+    def get_n_kv(self) -> int:
+        """The reserve graphs see a full cache (init_full): n_kv is the cache size."""
+        return self.kv_size
+
+    def memory_breakdown(self) -> dict[str, int]:
+        return {name: b.size for name, b in self.buffers.items()}
+
     # --- graph pieces (llama_kv_cache::get_k / get_v / cpy_k / cpy_v / build_input_*) ---
 
-    def get_k(self, il: int, n_kv: int) -> Tensor:
+    def get_k(self, il: int) -> Tensor:
         k = self.layers[il].k
-        hp = self.hparams
-        return ggml.view(k, (hp.n_embd_head_k, hp.n_head_kv[il], n_kv, self.n_stream),
-                         (ggml.row_size(k.type, hp.n_embd_head_k), ggml.row_size(k.type, k.ne[0]),
+        hp, n_kv = self.hparams, self.get_n_kv()
+        return ggml.view(k, (hp.n_embd_head_k(il), hp.n_head_kv(il), n_kv, self.n_stream),
+                         (ggml.row_size(k.type, hp.n_embd_head_k(il)), ggml.row_size(k.type, k.ne[0]),
                           ggml.row_size(k.type, k.ne[0] * self.kv_size)), 0)
 
-    def get_v(self, il: int, n_kv: int) -> Tensor:
+    def get_v(self, il: int) -> Tensor:
         v = self.layers[il].v
-        hp = self.hparams
+        hp, n_kv = self.hparams, self.get_n_kv()
         if not self.v_trans:
-            return ggml.view(v, (hp.n_embd_head_v, hp.n_head_kv[il], n_kv, self.n_stream),
-                             (ggml.row_size(v.type, hp.n_embd_head_v), ggml.row_size(v.type, v.ne[0]),
+            return ggml.view(v, (hp.n_embd_head_v(il), hp.n_head_kv(il), n_kv, self.n_stream),
+                             (ggml.row_size(v.type, hp.n_embd_head_v(il)), ggml.row_size(v.type, v.ne[0]),
                               ggml.row_size(v.type, v.ne[0] * self.kv_size)), 0)
-        return ggml.view(v, (n_kv, hp.n_head_kv[il], hp.n_embd_head_v, self.n_stream),
-                         (ggml.row_size(v.type, self.kv_size * hp.n_embd_head_v), ggml.row_size(v.type, self.kv_size),
+        return ggml.view(v, (n_kv, hp.n_head_kv(il), hp.n_embd_head_v(il), self.n_stream),
+                         (ggml.row_size(v.type, self.kv_size * hp.n_embd_head_v(il)), ggml.row_size(v.type, self.kv_size),
                           ggml.row_size(v.type, self.kv_size * v.ne[0])), 0)
 
     def cpy_k(self, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:
@@ -94,7 +102,7 @@ class KVCache:
         nrot = 64
         while True:   # the largest power of two >= 64 dividing the head size
             nrot *= 2
-            if self.hparams.n_embd_head_k % nrot != 0:
+            if self.n_embd_head_k_all % nrot != 0:
                 break
         nrot //= 2
         return self._rot_input(nrot, "attn_inp_k_rot")
@@ -111,29 +119,43 @@ class KVCache:
 
 
 def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_size: int, n_seq_max: int,
-                    unified: bool, buft_for_layer) -> KVCache:
-    """llama_kv_cache::llama_kv_cache: one K and one V tensor per layer, one buffer per buffer type.
+                    unified: bool, buft_for_layer, layer_filter=None) -> KVCache:
+    """llama_kv_cache::llama_kv_cache: one K and one V tensor per layer that passes the filter,
+    one buffer per buffer type.
 
     `buft_for_layer(il)` gives the layer's BufferType (the device of the layer, or CPU without offload).
     Buffers come from gallocr.alloc_ctx_tensors (ggml_backend_alloc_ctx_tensors_from_buft), one per
     buffer type, visited in buffer-type name order as llama.cpp's ctx_map sorts them.
     """
     n_stream = 1 if unified else n_seq_max
-    layers = []
+    layers: dict[int, KVLayer] = {}
     by_buft: dict[str, tuple[BufferType, list[Tensor]]] = {}
+    n_embd_head_k_all = n_embd_head_v_all = 0
     for il in range(hp.n_layer):
+        if layer_filter is not None and not layer_filter(il):
+            continue
+        if n_embd_head_k_all == 0:
+            n_embd_head_k_all = hp.n_embd_head_k(il)
+        elif n_embd_head_k_all > 0 and n_embd_head_k_all != hp.n_embd_head_k(il):
+            n_embd_head_k_all = -1
+        if n_embd_head_v_all == 0:
+            n_embd_head_v_all = hp.n_embd_head_v(il)
+        elif n_embd_head_v_all > 0 and n_embd_head_v_all != hp.n_embd_head_v(il):
+            n_embd_head_v_all = -1
+        # [TAG_V_CACHE_VARIABLE]: a transposed V cache is padded to the widest layer
         n_embd_v = hp.n_embd_v_gqa(il) if not v_trans else hp.n_embd_v_gqa_max()
         k = ggml.new_tensor(type_k, hp.n_embd_k_gqa(il), kv_size, n_stream)
         v = ggml.new_tensor(type_v, n_embd_v, kv_size, n_stream)
         k.name, v.name = f"cache_k_l{il}", f"cache_v_l{il}"
-        layers.append(KVLayer(il, k, v))
+        layers[il] = KVLayer(il, k, v)
         buft = buft_for_layer(il)
         by_buft.setdefault(buft.name, (buft, []))[1].extend([k, v])
-    cache = KVCache(hp, type_k, type_v, v_trans, kv_size, n_stream, layers)
+    cache = KVCache(hp, type_k, type_v, v_trans, kv_size, n_stream, layers, n_embd_head_k_all=n_embd_head_k_all)
     for name in sorted(by_buft):
         buft, tensors = by_buft[name]
         cache.buffers[name] = alloc_ctx_tensors(buft, tensors, usage="any")
-    heads_k = {hp.n_embd_head_k}
-    cache.attn_rot_k = len(heads_k) == 1 and ggml.is_quantized(type_k) and hp.n_embd_head_k % 64 == 0
-    cache.attn_rot_v = ggml.is_quantized(type_v) and hp.n_embd_head_v % 64 == 0
+    # attn_rot_k/v: Hadamard rotations for quantized caches whose layers share one head size
+    # (the % 64 checks read layer 0's head size, as llama.cpp's n_embd_head_k() does)
+    cache.attn_rot_k = n_embd_head_k_all > 0 and ggml.is_quantized(type_k) and hp.n_embd_head_k() % 64 == 0
+    cache.attn_rot_v = n_embd_head_v_all > 0 and ggml.is_quantized(type_v) and hp.n_embd_head_v() % 64 == 0
     return cache

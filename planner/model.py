@@ -1,119 +1,245 @@
-"""Model weights as llama.cpp loads them: one tensor per GGUF tensor, placed in a buffer type.
+"""The model as llama.cpp loads it: shared hyperparameters, then the architecture's own, then one
+tensor per GGUF tensor placed in a buffer type.
 
-Mirrors llama_model::load_tensors (src/llama-model.cpp) and create_tensor (src/llama-model-loader.cpp):
-TENSOR_DUPLICATED tensors (a tied output, rope_freqs for layers > 0) are separate tensor objects
-unless the original already sits in the same buffer type's context.
+Mirrors llama_model_base::load_hparams, load_tensors, create_tensor and create_tensor_qkv
+(src/llama-model.cpp) over llama_model_loader's checks (model_loader.py). Each architecture's
+load_arch_hparams / load_arch_tensors / graph live in planner/models/<arch>.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from schedplan.backends.types import BufferType
-from schedplan.planner import ggml
-from schedplan.planner.ggml import Buffer, Tensor
-from typing import TYPE_CHECKING
+from . import ggml, models
+from .arch import LAYER_INPUT, LAYER_OUTPUT, LLM_TENSOR_INFOS
+from .gallocr import alloc_ctx_tensors
+from .ggml import Buffer, Tensor
+from .hparams import (LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_ROPE_SCALING_TYPES, HParams,
+                      UnsupportedModel)
+from .model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TN, ModelLoader, tn
 
 if TYPE_CHECKING:
-    from schedplan.planner.gguf import GGUFHeader
-from schedplan.planner.hparams import HParams, UnsupportedModel
-from schedplan.planner.gallocr import alloc_ctx_tensors
+    from ..backends.types import BufferType
+    from .gguf import GGUFHeader
 
 
 @dataclass
 class Layer:
-    attn_norm: Tensor
-    wq: Tensor
-    wk: Tensor
-    wv: Tensor
-    wo: Tensor
-    ffn_norm: Tensor
-    ffn_gate: Tensor
-    ffn_up: Tensor
-    ffn_down: Tensor
+    """llama_layer: the weights of one block that the supported builders use (None when absent)."""
+    attn_norm: Optional[Tensor] = None
+    attn_norm_b: Optional[Tensor] = None
+    wq: Optional[Tensor] = None
+    wk: Optional[Tensor] = None
+    wv: Optional[Tensor] = None
+    wqkv: Optional[Tensor] = None
     wq_b: Optional[Tensor] = None
     wk_b: Optional[Tensor] = None
     wv_b: Optional[Tensor] = None
+    wqkv_b: Optional[Tensor] = None
+    wo: Optional[Tensor] = None
     wo_b: Optional[Tensor] = None
+    attn_q_norm: Optional[Tensor] = None
+    attn_k_norm: Optional[Tensor] = None
+    attn_post_norm: Optional[Tensor] = None
+    ffn_norm: Optional[Tensor] = None
+    ffn_gate: Optional[Tensor] = None
+    ffn_up: Optional[Tensor] = None
+    ffn_down: Optional[Tensor] = None
     ffn_gate_b: Optional[Tensor] = None
     ffn_up_b: Optional[Tensor] = None
     ffn_down_b: Optional[Tensor] = None
+    ffn_post_norm: Optional[Tensor] = None
     rope_freqs: Optional[Tensor] = None
+    rope_long: Optional[Tensor] = None
+    rope_short: Optional[Tensor] = None
 
 
 @dataclass
 class Model:
     hparams: HParams
-    tok_embd: Tensor
-    output_norm: Tensor
-    output: Tensor
-    layers: list[Layer]
+    tok_embd: Optional[Tensor] = None
+    output_norm: Optional[Tensor] = None
+    output_norm_b: Optional[Tensor] = None
+    output: Optional[Tensor] = None
+    output_b: Optional[Tensor] = None
+    layers: list[Layer] = field(default_factory=list)
     buffers: list[Buffer] = field(default_factory=list)   # in creation order
 
+    def get_rope_factors(self, n_ctx_seq: int, il: int) -> Optional[Tensor]:
+        """llama_model::get_rope_factors: rope_freqs, else long or short factors by context size."""
+        layer = self.layers[il]
+        if layer.rope_freqs is not None:
+            return layer.rope_freqs
+        return layer.rope_long if n_ctx_seq > self.hparams.n_ctx_orig_yarn else layer.rope_short
 
-# Placement: the buffer type for a weight (tensor, name, layer: -1 input, n_layer output).
-Placement = Callable[[Tensor, str, int], BufferType]
+
+# --- hyperparameters ---------------------------------------------------------------------------------
+
+def require(ml: ModelLoader, ok: bool, what: str) -> None:
+    """A GGML_ASSERT of the loader: llama.cpp would abort on this header, so the plan refuses it."""
+    if not ok:
+        ml.fail(f"llama.cpp would abort loading this model: {what}")
+
+
+def load_hparams(ml: ModelLoader) -> HParams:
+    """llama_model_base::load_hparams: the keys every architecture shares, then load_arch_hparams."""
+    arch = models.arch_module(ml)
+    hp = HParams(ml.arch)
+    hp.n_vocab = ml.n_tokens()
+    hp.n_ctx_train = ml.get_u32("%s.context_length")
+    hp.n_embd = ml.get_u32("%s.embedding_length")
+    hp.causal_attn = ml.get_bool("%s.attention.causal", True)
+    n_layer = ml.get_u32("%s.block_count")
+    require(ml, 0 < n_layer <= LLAMA_MAX_LAYERS,
+            f"{ml.key('%s.block_count')} is {n_layer}, must be in 1..{LLAMA_MAX_LAYERS} (LLAMA_MAX_LAYERS)")
+    hp.n_layer = n_layer
+    if ml.get_u32("%s.nextn_predict_layers", 0):
+        ml.fail(f"{ml.key('%s.nextn_predict_layers')}: multi-token-prediction layers are not planned yet")
+    hp.n_expert = ml.get_u32("%s.expert_count", 0)
+    hp.n_expert_used = max(ml.get_key_or_arr("%s.expert_used_count", n_layer, 0))
+    require(ml, hp.n_expert <= LLAMA_MAX_EXPERTS,
+            f"{ml.key('%s.expert_count')} is {hp.n_expert}, above LLAMA_MAX_EXPERTS ({LLAMA_MAX_EXPERTS})")
+    require(ml, hp.n_expert_used <= hp.n_expert,
+            f"{ml.key('%s.expert_used_count')} is {hp.n_expert_used}, above the expert count {hp.n_expert}")
+    if hp.n_expert:
+        ml.fail(f"mixture-of-experts models ({ml.key('%s.expert_count')} = {hp.n_expert}) are not planned yet")
+
+    hp.n_ff_arr = ml.get_key_or_arr("%s.feed_forward_length", n_layer, 0)
+    hp.n_head_arr = ml.get_key_or_arr("%s.attention.head_count", n_layer, 0)
+    hp.n_head_kv_arr = ml.get_key_or_arr("%s.attention.head_count_kv", n_layer, 0) \
+        if ml.has("%s.attention.head_count_kv") else hp.n_head_arr
+
+    hp.n_ctx_orig_yarn = ml.get_u32("%s.rope.scaling.original_context_length", hp.n_ctx_train)
+    hp.rope_freq_base_train = ml.get_f32("%s.rope.freq_base", 10000.0)
+    scaling = ml.get_str("%s.rope.scaling.type", "linear")
+    require(ml, scaling in LLAMA_ROPE_SCALING_TYPES,
+            f"{ml.key('%s.rope.scaling.type')} is {scaling!r} (known: {', '.join(LLAMA_ROPE_SCALING_TYPES)})")
+    hp.rope_scaling_type_train = LLAMA_ROPE_SCALING_TYPES[scaling]
+
+    if hp.n_head() > 0:
+        hp.n_embd_head_k_full = ml.get_u32("%s.attention.key_length", hp.n_embd // hp.n_head())
+        hp.n_embd_head_v_full = ml.get_u32("%s.attention.value_length", hp.n_embd // hp.n_head())
+        hp.n_rot_full = ml.get_u32("%s.rope.dimension_count", hp.n_embd_head_k_full)
+        if ml.arch == "llama" and hp.n_rot_full != hp.n_embd_head_k_full:
+            ml.fail(f"invalid n_rot: {hp.n_rot_full}, expected {hp.n_embd_head_k_full}")
+    hp.n_embd_head_k_swa = ml.get_u32("%s.attention.key_length_swa", hp.n_embd_head_k_full)
+    hp.n_embd_head_v_swa = ml.get_u32("%s.attention.value_length_swa", hp.n_embd_head_v_full)
+    hp.n_rot_swa = ml.get_u32("%s.rope.dimension_count_swa", hp.n_rot_full)
+    hp.is_swa_arr = (False,) * n_layer
+
+    arch.load_arch_hparams(ml, hp)
+    hp.rope_type = arch.LLAMA_ROPE_TYPE
+    check_hparams(ml, hp)
+    return hp
+
+
+def require_head_sizes_equal(ml: ModelLoader, hp: HParams) -> None:
+    """The GGML_ASSERTs most graph builders start with: n_embd_head_v == n_embd_head_k == n_rot."""
+    require(ml, hp.n_embd_head_v() == hp.n_embd_head_k() == hp.n_rot(),
+            f"the {ml.arch} graph needs equal head sizes (K {hp.n_embd_head_k()}, V {hp.n_embd_head_v()}) "
+            f"and rope dimensions ({hp.n_rot()})")
+
+
+def check_hparams(ml: ModelLoader, hp: HParams) -> None:
+    """Values llama.cpp accepts and then cannot build a graph from (a division by zero, an empty
+    head): refused here, before any per-layer structure is built from them."""
+    require(ml, hp.n_embd > 0, f"{ml.key('%s.embedding_length')} is 0")
+    for il in range(hp.n_layer):
+        require(ml, hp.n_head(il) > 0, f"{ml.key('%s.attention.head_count')} is 0 for layer {il}")
+        require(ml, 0 < hp.n_head_kv(il) <= hp.n_head(il) and hp.n_head(il) % hp.n_head_kv(il) == 0,
+                f"{ml.key('%s.attention.head_count_kv')} is {hp.n_head_kv(il)} for layer {il}: "
+                f"it must divide the head count {hp.n_head(il)}")
+        require(ml, hp.n_ff(il) > 0, f"{ml.key('%s.feed_forward_length')} is 0 for layer {il}")
+        require(ml, hp.n_embd_head_k(il) > 0 and hp.n_embd_head_v(il) > 0,
+                f"the head size of layer {il} is 0 (key_length/value_length)")
+        require(ml, 0 < hp.n_rot(il) <= hp.n_embd_head_k(il) and hp.n_rot(il) % 2 == 0,
+                f"rope dimension count {hp.n_rot(il)} of layer {il} must be even and at most the head "
+                f"size {hp.n_embd_head_k(il)}")
+
+
+# --- tensors -----------------------------------------------------------------------------------------
+
+# Placement: the buffer type of a weight (tensor, GGUF name, op that uses it, layer: -1 input,
+# n_layer output, else its block)
+Placement = Callable[[Tensor, str, str, int], "BufferType"]
 
 
 @dataclass
-class _Loader:
-    header: GGUFHeader
+class TensorCreator:
+    """llama_model_base::create_tensor over the loader: shape checks, buffer-type contexts,
+    duplicated tensors, and done_getting_tensors' count."""
+    ml: ModelLoader
+    hparams: HParams
     place: Placement
-    by_name: dict = field(default_factory=dict)
     ctx: dict = field(default_factory=dict)        # buft name -> (buft, [tensors]) in creation order
+    n_created: int = 0
 
-    def create(self, name: str, il: int, required: bool = True, duplicated: bool = False) -> Optional[Tensor]:
-        info = self.by_name.get(name)
+    def create_tensor(self, t: TN, ne: tuple[int, ...], flags: int = 0) -> Optional[Tensor]:
+        info = self.ml.check_tensor_dims(t.name, ne, not flags & TENSOR_NOT_REQUIRED)
         if info is None:
-            if required:
-                raise UnsupportedModel(f"{self.header.path}: missing tensor '{name}'")
             return None
-        t = ggml.new_tensor(info.type, *info.ne)
-        t.name = name
-        buft = self.place(t, name, il)
+        tensor_kind = "OUTPUT" if t.tensor == "TOKEN_EMBD" and flags & TENSOR_DUPLICATED else t.tensor
+        _, layer, op = LLM_TENSOR_INFOS[tensor_kind]
+        if t.name.endswith(".bias"):
+            op = "ADD"
+        il = -1 if layer == LAYER_INPUT else self.hparams.n_layer if layer == LAYER_OUTPUT else t.bid
+        w = ggml.new_tensor(info.type, *info.ne)
+        w.name = t.name
+        buft = self.place(w, t.name, op, il)
         tensors = self.ctx.setdefault(buft.name, (buft, []))[1]
-        if duplicated:
+        if flags & TENSOR_DUPLICATED:
             for original in tensors:
-                if original.name == name:
+                if original.name == t.name:
                     return original
-        tensors.append(t)
-        return t
+        else:
+            self.n_created += 1
+        tensors.append(w)
+        return w
+
+    def create_tensor_qkv(self, layer: Layer, bid: int, n_embd: int, n_embd_q: int, n_embd_k: int,
+                          n_embd_v: int, flags: int = 0) -> None:
+        """llama_model_base::create_tensor_qkv: a fused attn_qkv if present, else Q, K, V."""
+        n_embd_qkv = n_embd_q + n_embd_k + n_embd_v
+        layer.wqkv = self.create_tensor(tn("ATTN_QKV", "weight", bid), (n_embd, n_embd_qkv), TENSOR_NOT_REQUIRED)
+        if layer.wqkv is not None:
+            layer.wqkv_b = self.create_tensor(tn("ATTN_QKV", "bias", bid), (n_embd_qkv,), TENSOR_NOT_REQUIRED)
+            if layer.wqkv_b is None:
+                self._qkv_biases(layer, bid, n_embd_q, n_embd_k, n_embd_v)
+            return
+        layer.wq = self.create_tensor(tn("ATTN_Q", "weight", bid), (n_embd, n_embd_q), flags)
+        layer.wk = self.create_tensor(tn("ATTN_K", "weight", bid), (n_embd, n_embd_k), flags)
+        layer.wv = self.create_tensor(tn("ATTN_V", "weight", bid), (n_embd, n_embd_v), flags)
+        self._qkv_biases(layer, bid, n_embd_q, n_embd_k, n_embd_v)
+
+    def _qkv_biases(self, layer: Layer, bid: int, n_embd_q: int, n_embd_k: int, n_embd_v: int) -> None:
+        layer.wq_b = self.create_tensor(tn("ATTN_Q", "bias", bid), (n_embd_q,), TENSOR_NOT_REQUIRED)
+        layer.wk_b = self.create_tensor(tn("ATTN_K", "bias", bid), (n_embd_k,), TENSOR_NOT_REQUIRED)
+        layer.wv_b = self.create_tensor(tn("ATTN_V", "bias", bid), (n_embd_v,), TENSOR_NOT_REQUIRED)
+
+    def create_output(self, model: Model, n_embd: int, n_vocab: int) -> None:
+        """The output head most builders share: output_norm, output or the tied token_embd."""
+        model.output_norm = self.create_tensor(tn("OUTPUT_NORM", "weight"), (n_embd,))
+        model.output = self.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab), TENSOR_NOT_REQUIRED)
+        if model.output is None:
+            model.output = self.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab), TENSOR_DUPLICATED)
+
+    def done_getting_tensors(self) -> None:
+        n_tensors = len(self.ml.tensors)
+        if self.n_created != n_tensors:
+            used = {t.name for _, ts in self.ctx.values() for t in ts}
+            unused = sorted(set(self.ml.tensors) - used)
+            self.ml.fail(f"wrong number of tensors; expected {n_tensors}, got {self.n_created}"
+                         + (f" (not used by the {self.ml.arch} loader: {', '.join(unused[:3])}"
+                            f"{', ...' if len(unused) > 3 else ''})" if unused else ""))
 
 
-def load_model(header: GGUFHeader, hp: HParams, place: Placement) -> Model:
-    """llama_model_llama::load_arch_tensors, then one buffer per buffer-type context."""
-    ld = _Loader(header, place, {t.name: t for t in header.tensors})
-    tok_embd = ld.create("token_embd.weight", -1)
-    output_norm = ld.create("output_norm.weight", hp.n_layer)
-    output = ld.create("output.weight", hp.n_layer, required=False)
-    if output is None:
-        output = ld.create("token_embd.weight", hp.n_layer, duplicated=True)
-    layers = []
-    for il in range(hp.n_layer):
-        blk = f"blk.{il}."
-        attn_norm = ld.create(blk + "attn_norm.weight", il)
-        wq = ld.create(blk + "attn_q.weight", il)
-        wk = ld.create(blk + "attn_k.weight", il)
-        wv = ld.create(blk + "attn_v.weight", il)
-        wq_b = ld.create(blk + "attn_q.bias", il, required=False)
-        wk_b = ld.create(blk + "attn_k.bias", il, required=False)
-        wv_b = ld.create(blk + "attn_v.bias", il, required=False)
-        wo = ld.create(blk + "attn_output.weight", il)
-        wo_b = ld.create(blk + "attn_output.bias", il, required=False)
-        ffn_norm = ld.create(blk + "ffn_norm.weight", il)
-        rope_freqs = ld.create("rope_freqs.weight", il, required=False, duplicated=il != 0)
-        ffn_gate = ld.create(blk + "ffn_gate.weight", il)
-        ffn_down = ld.create(blk + "ffn_down.weight", il)
-        ffn_up = ld.create(blk + "ffn_up.weight", il)
-        layers.append(Layer(
-            attn_norm=attn_norm, wq=wq, wk=wk, wv=wv, wo=wo, ffn_norm=ffn_norm, ffn_gate=ffn_gate, ffn_up=ffn_up,
-            ffn_down=ffn_down, wq_b=wq_b, wk_b=wk_b, wv_b=wv_b, wo_b=wo_b, rope_freqs=rope_freqs,
-            ffn_gate_b=ld.create(blk + "ffn_gate.bias", il, required=False),
-            ffn_down_b=ld.create(blk + "ffn_down.bias", il, required=False),
-            ffn_up_b=ld.create(blk + "ffn_up.bias", il, required=False),
-        ))
-    model = Model(hp, tok_embd, output_norm, output, layers)
-    model.buffers = [_alloc_weights(header, ld.by_name, buft, tensors) for buft, tensors in ld.ctx.values()]
+def load_tensors(ml: ModelLoader, hp: HParams, place: Placement) -> Model:
+    """llama_model_base::load_tensors: the arch's tensors, then one buffer per buffer-type context."""
+    model = Model(hp, layers=[Layer() for _ in range(hp.n_layer)])
+    creator = TensorCreator(ml, hp, place)
+    models.arch_module(ml).load_arch_tensors(creator, model)
+    creator.done_getting_tensors()
+    model.buffers = [_alloc_weights(ml.header, ml.tensors, buft, tensors) for buft, tensors in creator.ctx.values()]
     return model
 
 

@@ -6,22 +6,22 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
-from schedplan.planner import LLAMA_CPP_COMMIT, ggml
-from schedplan.planner.cparams import BadParams, CParams, derive_cparams
-from schedplan.planner.devices import Devices, plan_devices, weight_placement
-from schedplan.planner.gguf import read_header
-from schedplan.planner.graph import GraphContext, Ubatch
-from schedplan.planner.hparams import HParams, load_hparams
-from schedplan.planner.kv_cache import KVCache, create_kv_cache
-from schedplan.planner.model import Model, load_model
-from schedplan.planner.models import llama
-from schedplan.planner.params import Params
-from schedplan.planner.sched import Sched
+from . import LLAMA_CPP_COMMIT, ggml, models
+from .cparams import BadParams, CParams, derive_cparams
+from .devices import Devices, plan_devices, weight_placement
+from .gguf import read_header
+from .graph import GraphContext, Ubatch
+from .hparams import LLAMA_SWA_TYPE_NONE, HParams
+from .kv_cache import KVCache, create_kv_cache
+from .kv_cache_iswa import KVCacheISWA, create_kv_cache_iswa
+from .model import Model, load_hparams, load_tensors
+from .model_loader import ModelLoader
+from .params import Params
+from .sched import Sched
 
 SCHEMA = "schedplan.reserve/1"
-ARCH_BUILDERS = {"llama": llama.build}
 
 
 @dataclass
@@ -59,29 +59,36 @@ class Context:
     cparams: CParams
     devices: Devices
     model: Model
-    kv: KVCache
+    kv: Union[KVCache, KVCacheISWA]
     sched: Sched
     output_buffer_size: int
 
 
 def create_context(model_path: str, params: Params) -> Context:
-    header = read_header(model_path)
-    hp = load_hparams(header)
+    ml = ModelLoader(read_header(model_path))
+    hp = load_hparams(ml)
     cp = derive_cparams(params, hp)
     devices = plan_devices(params, hp)
-    model = load_model(header, hp, weight_placement(devices, params, hp))
-
-    def kv_buft(il: int):
-        # llama_kv_cache: the layer's device buffer type with offload_kqv, else the CPU buffer type
-        return devices.layer_backend[il].buft if cp.offload_kqv else devices.cpu.buft
-
+    model = load_tensors(ml, hp, weight_placement(devices, params, hp))
     # the cache is created before the FA probe: "auto" still counts as on (v_trans = !flash_attn)
-    kv = create_kv_cache(hp, cp.type_k, cp.type_v, not cp.flash_attn, cp.n_ctx_seq, cp.n_seq_max,
-                         cp.kv_unified, kv_buft)
+    kv = create_memory(hp, cp, devices)
     # output_reserve(n_seq_max): logits for n_seq_max outputs, f32
     output_size = hp.n_vocab * cp.n_seq_max * 4
     sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size)
+
+
+def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, KVCacheISWA]:
+    """llama_model::create_memory for attention-only models: llama_kv_cache, or llama_kv_cache_iswa
+    when the model has sliding-window layers."""
+    def kv_buft(il: int):
+        # the layer's device buffer type with offload_kqv, else the CPU buffer type
+        return devices.layer_backend[il].buft if cp.offload_kqv else devices.cpu.buft
+
+    v_trans = not cp.flash_attn
+    if hp.swa_type != LLAMA_SWA_TYPE_NONE:
+        return create_kv_cache_iswa(hp, cp, v_trans, kv_buft)
+    return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, cp.n_ctx_seq, cp.n_seq_max, cp.kv_unified, kv_buft)
 
 
 def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
@@ -98,8 +105,8 @@ def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
     def pin_cpu(t: ggml.Tensor) -> None:
         sched.set_tensor_backend(t, devices.backend_index(devices.cpu))
 
-    g = GraphContext(ctx.model, ctx.cparams, ctx.kv, ubatch, n_kv=ctx.kv.kv_size, pin=pin, pin_cpu=pin_cpu)
-    ARCH_BUILDERS[ctx.hparams.arch](g)
+    g = GraphContext(ctx.model, ctx.cparams, ctx.kv, ubatch, pin=pin, pin_cpu=pin_cpu)
+    models.module(ctx.hparams.arch).build(g)
     g.set_outputs()
     return g
 
@@ -223,7 +230,7 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
                    for name, s in stats.items()},
         "splits": {name: s.split_list for name, s in stats.items()},
         "peaks": {name: s.peaks for name, s in stats.items()},
-        "kv_buffers": {name: b.size for name, b in ctx.kv.buffers.items()},
+        "kv_buffers": ctx.kv.memory_breakdown(),
         "output_buffers": {ctx.devices.output_buft.name: ctx.devices.output_buft.buffer_size(ctx.output_buffer_size)},
         "model_buffers": _sum_by_buft(ctx.model.buffers),
     }
@@ -254,7 +261,7 @@ def _sum_by_buft(buffers) -> dict[str, int]:
 def model_summary(ctx: Context) -> dict:
     hp = ctx.hparams
     return {"path": ctx.path, "arch": hp.arch, "n_layer": hp.n_layer, "n_embd": hp.n_embd,
-            "n_head": hp.n_head[0], "n_head_kv": hp.n_head_kv[0], "n_vocab": hp.n_vocab,
+            "n_head": hp.n_head(), "n_head_kv": hp.n_head_kv(), "n_vocab": hp.n_vocab,
             "n_ctx_train": hp.n_ctx_train}
 
 

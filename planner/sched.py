@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
-from schedplan.backends.types import Backend, BufferType
-from schedplan.planner import ggml
-from schedplan.planner.ggml import FLAG_INPUT, FLAG_OUTPUT, VIEW_OPS, Cgraph, Tensor
+from ..backends.types import Backend, BufferType
+from . import ggml
+from .ggml import FLAG_INPUT, FLAG_OUTPUT, VIEW_OPS, Cgraph, Tensor
 
 if TYPE_CHECKING:
-    from schedplan.planner.gallocr import Gallocr
+    from .gallocr import Gallocr
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_COPIES = 4
@@ -118,7 +118,7 @@ class Sched:
         """
         self.split_graph(measure_graph)
         if self.galloc is None:
-            from schedplan.planner.gallocr import Gallocr
+            from .gallocr import Gallocr
             self.galloc = Gallocr(self.bufts)
         self.galloc.reserve_n(self.graph, self.node_backend_ids, self.leaf_backend_ids)
         self.reset()

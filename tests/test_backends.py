@@ -16,7 +16,8 @@ from schedplan.planner import ggml
 from schedplan.planner.devices import BadDevices, parse_device, plan_devices
 from schedplan.planner.gguf import read_header
 from schedplan.planner.ggml import Buffer, Cgraph, T, Tensor
-from schedplan.planner.hparams import load_hparams
+from schedplan.planner.model import load_hparams
+from schedplan.planner.model_loader import ModelLoader
 from schedplan.planner.gallocr import alloc_ctx_tensors
 from schedplan.planner.reserve import create_context, reserve, sched_reserve
 
@@ -31,7 +32,7 @@ def pad(x: int, n: int) -> int:
 
 
 def devices_of(path: str, *flags: str):
-    return plan_devices(parse_params(list(flags)), load_hparams(read_header(path)))
+    return plan_devices(parse_params(list(flags)), load_hparams(ModelLoader(read_header(path))))
 
 
 def fa_node(d: int, n_tokens: int, n_head: int, n_head_kv: int, n_kv: int, type_k: int, type_v: int) -> Tensor:
@@ -406,7 +407,7 @@ def model_sizes(path: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("path", [TINY, TINYLLAMA])
 def test_full_offload_on_cuda_end_to_end(path):
-    hp = load_hparams(read_header(path))
+    hp = load_hparams(ModelLoader(read_header(path)))
     plan = reserve(path, parse_params(CUDA + ["-ngl", "99", "-c", "4096"]))
     sizes = model_sizes(path)
     tied = "output.weight" not in sizes
@@ -416,7 +417,7 @@ def test_full_offload_on_cuda_end_to_end(path):
     cuda0 = sum(pad(s, 128) for name, s in sizes.items() if name != "token_embd.weight")
     assert plan["model_buffers"]["CUDA0"] == cuda0 + (pad(sizes["token_embd.weight"], 128) if tied else 0)
     # f16 K and V of every layer: n_embd_k_gqa x 4096 cells
-    kv = hp.n_embd_head_k * hp.n_head_kv[0] * 4096 * 2
+    kv = hp.n_embd_k_gqa() * 4096 * 2
     assert plan["kv_buffers"] == {"CUDA0": 2 * hp.n_layer * pad(kv, 128)}
     # the output layer is on CUDA0: logits in CUDA0's host buffer type (llama-context.cpp:2194-2201)
     assert plan["output_buffers"] == {"CUDA_Host": hp.n_vocab * 4}

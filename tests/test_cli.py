@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from schedplan.cli.main import cli
 from schedplan.planner.gguf import read_header
-from schedplan.planner.hparams import SUPPORTED_ARCHS
+from schedplan.planner.models import SUPPORTED_ARCHS
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "fixtures" / "gguf" / "tiny-llama.gguf"
@@ -220,11 +220,11 @@ def test_unsupported_architecture_names_the_supported_ones(tmp_path):
 
 
 @pytest.mark.parametrize("change,needles", [
-    ({"block_count": ("two", "str")}, ("llama.block_count", "str", "integer")),
-    ({"embedding_length": ([256, 256], "u32")}, ("llama.embedding_length", "integer")),
-    ({"attention__head_count": (["a", "b"], "str")}, ("llama.attention.head_count", "integer")),
-    ({"rope__freq_base": ("x", "str")}, ("llama.rope.freq_base", "number")),
-    ({"block_count": (0, "u32")}, ("block_count", "no layers")),
+    ({"block_count": ("two", "str")}, ("llama.block_count", "wrong type str", "u32")),
+    ({"embedding_length": ([256, 256], "u32")}, ("llama.embedding_length", "wrong type arr", "u32")),
+    ({"attention__head_count": (["a", "b"], "str")}, ("llama.attention.head_count", "element type str")),
+    ({"rope__freq_base": ("x", "str")}, ("llama.rope.freq_base", "wrong type str", "f32")),
+    ({"block_count": (0, "u32")}, ("block_count", "is 0", "1..512")),
 ])
 def test_malformed_hyperparameters(tmp_path, change, needles):
     from gguf import GGUFValueType as T

@@ -1,1 +1,27 @@
-"""Graph builders per architecture (src/models/*.cpp)."""
+"""One module per llama.cpp architecture, beside src/models/<arch>.cpp: load_arch_hparams,
+load_arch_tensors and the graph builder (build), with the arch's rope type (llama_model_rope_type)."""
+from __future__ import annotations
+
+from importlib import import_module
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..model_loader import ModelLoader
+
+# general.architecture -> module of this package (LLM_ARCH_NAMES)
+ARCHS = {
+    "llama": "llama",
+}
+SUPPORTED_ARCHS = tuple(ARCHS)
+
+
+def arch_module(ml: ModelLoader) -> ModuleType:
+    """The module of the file's architecture, or the one-line refusal naming the supported ones."""
+    if ml.arch not in ARCHS:
+        ml.fail(f"architecture '{ml.arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    return module(ml.arch)
+
+
+def module(arch: str) -> ModuleType:
+    return import_module(f".{ARCHS[arch]}", __name__)

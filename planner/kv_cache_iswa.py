@@ -1,0 +1,37 @@
+"""llama_kv_cache_iswa (src/llama-kv-cache-iswa.cpp): the dense layers in a base cache of the full
+context, the sliding-window layers in a smaller SWA cache beside it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cparams import CParams, pad
+from .hparams import HParams
+from .kv_cache import KVCache, create_kv_cache
+
+
+@dataclass
+class KVCacheISWA:
+    base: KVCache
+    swa: KVCache
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Per buffer type, the base cache's bytes plus the SWA cache's."""
+        out = self.base.memory_breakdown()
+        for name, size in self.swa.memory_breakdown().items():
+            out[name] = out.get(name, 0) + size
+        return out
+
+
+def swa_size(hp: HParams, cp: CParams) -> int:
+    """The SWA cache's cells: the window of every sequence plus a ubatch, padded to 256 (always,
+    for performance: llama.cpp issue 17037), at most the base size; --swa-full: the base size."""
+    if cp.swa_full:
+        return cp.n_ctx_seq
+    return pad(min(cp.n_ctx_seq, hp.n_swa * (cp.n_seq_max if cp.kv_unified else 1) + cp.n_ubatch), 256)
+
+
+def create_kv_cache_iswa(hp: HParams, cp: CParams, v_trans: bool, buft_for_layer) -> KVCacheISWA:
+    def cache(size: int, swa: bool) -> KVCache:
+        return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, size, cp.n_seq_max, cp.kv_unified,
+                               buft_for_layer, lambda il: hp.is_swa(il) == swa)
+    return KVCacheISWA(cache(cp.n_ctx_seq, False), cache(swa_size(hp, cp), True))

@@ -1,0 +1,134 @@
+"""What llama_model_loader (src/llama-model-loader.cpp) checks while it reads a GGUF: typed keys,
+per-layer arrays, and tensors whose shapes must be the ones the hyperparameters imply.
+
+Every refusal is one UnsupportedModel line naming the key or tensor, the value found and what
+llama.cpp requires; nothing is allocated in proportion to a header value before it is bounded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from .arch import LLM_TENSOR_INFOS
+from .gguf import BOOL, FLOAT32, INT32, STRING, UINT32, _type_name
+from .hparams import LLAMA_MAX_LAYERS, UnsupportedModel
+
+if TYPE_CHECKING:
+    from .gguf import GGUFHeader, TensorInfo
+
+# llama_model_loader's create_tensor flags
+TENSOR_NOT_REQUIRED, TENSOR_DUPLICATED = 1, 2
+
+
+@dataclass(frozen=True)
+class TN:
+    """LLM_TN_IMPL: a tensor enum (a key of LLM_TENSOR_INFOS), its GGUF name and the layer."""
+    tensor: str
+    name: str
+    bid: int
+
+
+def tn(tensor: str, suffix: Optional[str] = None, bid: int = -1) -> TN:
+    """LLM_TN(arch)(tensor, suffix, bid): 'blk.%d.attn_q' + '.weight'."""
+    fmt = LLM_TENSOR_INFOS[tensor][0]
+    name = fmt % bid if "%d" in fmt else fmt
+    return TN(tensor, f"{name}.{suffix}" if suffix else name, bid)
+
+
+class ModelLoader:
+    """The key getters (get_key, get_key_or_arr, get_arr) of llama_model_loader."""
+
+    def __init__(self, header: GGUFHeader):
+        self.header = header
+        self.arch = header.arch()
+        self.tensors: dict[str, TensorInfo] = {}
+        for t in header.tensors:
+            if t.name in self.tensors:   # gguf_init_from_file_impl: duplicate tensor names are refused
+                self.fail(f"tensor '{t.name}' appears twice")
+            self.tensors[t.name] = t
+
+    def fail(self, reason: str):
+        raise UnsupportedModel(f"{self.header.path}: {reason}")
+
+    def key(self, kv: str) -> str:
+        """LLM_KV: '%s.block_count' with the architecture's name."""
+        return kv % self.arch if "%s" in kv else kv
+
+    def _typed(self, key: str, gguf_type: int):
+        value = self.header.get(key)
+        found = self.header.kv_types.get(key, (None, None))[0]
+        if found != gguf_type:
+            self.fail(f"key {key} has wrong type {_type_name(*self.header.kv_types[key])} "
+                      f"but expected type {_type_name(gguf_type, None)}")
+        return value
+
+    def get_u32(self, kv: str, default: Optional[int] = None) -> int:
+        """get_key for a uint32_t; without a default the key is required."""
+        return self._get(kv, UINT32, default)
+
+    def get_f32(self, kv: str, default: Optional[float] = None) -> float:
+        return self._get(kv, FLOAT32, default)
+
+    def get_bool(self, kv: str, default: Optional[bool] = None) -> bool:
+        return self._get(kv, BOOL, default)
+
+    def get_str(self, kv: str, default: Optional[str] = None) -> str:
+        return self._get(kv, STRING, default)
+
+    def _get(self, kv: str, gguf_type: int, default):
+        key = self.key(kv)
+        if self.header.get(key) is None:
+            if default is None:
+                self.fail(f"key not found in model: {key}")
+            return default
+        return self._typed(key, gguf_type)
+
+    def has(self, kv: str) -> bool:
+        return self.header.get(self.key(kv)) is not None
+
+    def get_key_or_arr(self, kv: str, n: int, default: Optional[int] = None) -> tuple[int, ...]:
+        """get_key_or_arr for uint32_t per-layer values: a scalar for every layer, or an array of
+        exactly n (n was bounded by LLAMA_MAX_LAYERS before)."""
+        key = self.key(kv)
+        value = self.header.get(key)
+        if value is None:
+            if default is None:
+                self.fail(f"key not found in model: {key}")
+            return (default,) * n
+        if self.header.kv_types[key][0] != 9:   # not GGUF_TYPE_ARRAY
+            return (self._typed(key, UINT32),) * n
+        if len(value) != n:
+            self.fail(f"key {key} has wrong array length; expected {n}, got {len(value)}")
+        return self.get_arr(kv, (UINT32, INT32))
+
+    def get_arr(self, kv: str, elem_types: tuple[int, ...], n_max: int = LLAMA_MAX_LAYERS) -> tuple:
+        """get_arr into a std::array<T, n_max>: the element type must match and the length is bounded."""
+        key = self.key(kv)
+        elem = self.header.kv_types[key][1]
+        if elem not in elem_types:
+            self.fail(f"{key} has wrong array element type {_type_name(elem, None)}")
+        value = self.header.get(key)
+        if len(value) > n_max:
+            self.fail(f"array length {len(value)} for key {key} exceeds max {n_max}")
+        return tuple(value)
+
+    def n_tokens(self) -> int:
+        """vocab.n_tokens(): the length of tokenizer.ggml.tokens (its count is bounded by the reader)."""
+        return self.header.array_len("tokenizer.ggml.tokens") if self.header.get("tokenizer.ggml.tokens") is not None else 0
+
+    def check_tensor_dims(self, name: str, ne: tuple[int, ...], required: bool) -> Optional[TensorInfo]:
+        """llama_model_loader::check_tensor_dims"""
+        cur = self.tensors.get(name)
+        if cur is None:
+            if required:
+                self.fail(f"tensor '{name}' not found (llama.cpp: check_tensor_dims)")
+            return None
+        want = tuple(ne) + (1,) * (4 - len(ne))
+        have = tuple(cur.ne) + (1,) * (4 - len(cur.ne))
+        if want != have:
+            self.fail(f"tensor '{name}' has wrong shape; expected {_fmt_ne(want)}, got {_fmt_ne(have)}")
+        return cur
+
+
+def _fmt_ne(ne: tuple[int, ...]) -> str:
+    return ", ".join(f"{d:5d}" for d in ne)

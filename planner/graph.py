@@ -301,13 +301,17 @@ class GraphContext:
         ggml.build_forward_expand(self.gf, cur)
         return cur
 
-    def build_output(self, cur: Tensor) -> None:
-        """The tail most builders share: output_norm (result_norm, t_embd), the lm_head
-        (result_output, t_logits), expanded into the graph."""
+    def build_output(self, cur: Tensor, softcap: float = 0.0) -> None:
+        """The tail most builders share: output_norm (result_norm, t_embd), the lm_head, its bias
+        if any, final logit softcapping if any (result_output, t_logits), expanded into the graph."""
         cur = self.build_norm(cur, self.model.output_norm, None, LLM_NORM_RMS, -1)
         self.cb(cur, "result_norm", -1)
         self.t_embd = cur
         cur = self.build_lora_mm(self.model.output, cur)
+        if self.model.output_b is not None:
+            cur = ggml.add(cur, self.model.output_b)
+        if softcap:
+            cur = ggml.scale(ggml.unary(ggml.scale(cur, 1.0 / softcap), "TANH"), softcap)
         self.cb(cur, "result_output", -1)
         self.t_logits = cur
         ggml.build_forward_expand(self.gf, cur)

@@ -16,6 +16,7 @@ from .gallocr import alloc_ctx_tensors
 from .ggml import Buffer, Tensor
 from .hparams import (LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_ROPE_SCALING_TYPES, HParams,
                       UnsupportedModel)
+from .gguf import BOOL, INT32, UINT32
 from .model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TN, ModelLoader, tn
 
 if TYPE_CHECKING:
@@ -138,6 +139,16 @@ def require_head_sizes_equal(ml: ModelLoader, hp: HParams) -> None:
     require(ml, hp.n_embd_head_v() == hp.n_embd_head_k() == hp.n_rot(),
             f"the {ml.arch} graph needs equal head sizes (K {hp.n_embd_head_k()}, V {hp.n_embd_head_v()}) "
             f"and rope dimensions ({hp.n_rot()})")
+
+
+def load_swa_pattern(ml: ModelLoader, hp: HParams, n_pattern: int, dense_first: bool = False) -> None:
+    """llama_model_base::load_swa_pattern: attention.sliding_window_pattern as one flag per layer,
+    or as a period (default n_pattern) expanded by set_swa_pattern."""
+    if ml.is_array("%s.attention.sliding_window_pattern"):
+        flags = ml.get_arr("%s.attention.sliding_window_pattern", (BOOL, UINT32, INT32))
+        hp.is_swa_arr = tuple(il < len(flags) and bool(flags[il]) for il in range(hp.n_layer))
+        return
+    hp.set_swa_pattern(ml.get_u32("%s.attention.sliding_window_pattern", n_pattern), dense_first)
 
 
 def check_hparams(ml: ModelLoader, hp: HParams) -> None:

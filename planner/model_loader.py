@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from .arch import LLM_TENSOR_INFOS
-from .gguf import BOOL, FLOAT32, INT32, STRING, UINT32, _type_name
+from .gguf import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, _type_name
 from .hparams import LLAMA_MAX_LAYERS, UnsupportedModel
 
 if TYPE_CHECKING:
@@ -86,6 +86,9 @@ class ModelLoader:
     def has(self, kv: str) -> bool:
         return self.header.get(self.key(kv)) is not None
 
+    def is_array(self, kv: str) -> bool:
+        return self.header.kv_types.get(self.key(kv), (None, None))[0] == ARRAY
+
     def get_key_or_arr(self, kv: str, n: int, default: Optional[int] = None) -> tuple[int, ...]:
         """get_key_or_arr for uint32_t per-layer values: a scalar for every layer, or an array of
         exactly n (n was bounded by LLAMA_MAX_LAYERS before)."""
@@ -95,7 +98,7 @@ class ModelLoader:
             if default is None:
                 self.fail(f"key not found in model: {key}")
             return (default,) * n
-        if self.header.kv_types[key][0] != 9:   # not GGUF_TYPE_ARRAY
+        if self.header.kv_types[key][0] != ARRAY:
             return (self._typed(key, UINT32),) * n
         if len(value) != n:
             self.fail(f"key {key} has wrong array length; expected {n}, got {len(value)}")

@@ -11,7 +11,10 @@ if TYPE_CHECKING:
 
 # general.architecture -> module of this package (LLM_ARCH_NAMES)
 ARCHS = {
+    "gemma3": "gemma3",
     "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
 }
 SUPPORTED_ARCHS = tuple(ARCHS)
 

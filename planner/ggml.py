@@ -311,6 +311,12 @@ def soft_max_ext(a: Tensor, mask: Tensor | None, scale_: float, max_bias: float)
 GLU_REGLU, GLU_GEGLU, GLU_SWIGLU = 0, 1, 2
 
 
+def glu(a: Tensor, glu_op: int) -> Tensor:
+    """ggml_glu_impl without b (ggml_swiglu, ggml_geglu): gate and value are the two halves of a's rows."""
+    r = new_tensor(a.type, a.ne[0] // 2, a.ne[1], a.ne[2], a.ne[3])
+    return _op(r, "GLU", [a, None], (glu_op, 0))
+
+
 def glu_split(a: Tensor, b: Tensor, glu_op: int) -> Tensor:
     """ggml_glu_impl with b: result has a's shape and type."""
     r = new_tensor(a.type, *a.ne)

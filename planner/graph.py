@@ -53,6 +53,7 @@ class AttnInputISWA:
 # llm_norm_type, llm_ffn_op_type, llm_ffn_gate_type
 LLM_NORM, LLM_NORM_RMS = "NORM", "RMS_NORM"
 LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU = "SILU", "GELU", "RELU"
+LLM_FFN_SWIGLU, LLM_FFN_GEGLU = "SWIGLU", "GEGLU"     # gate and up fused in ffn_up's rows
 LLM_FFN_SEQ, LLM_FFN_PAR = "SEQ", "PAR"
 
 
@@ -102,6 +103,13 @@ class GraphContext:
         cur = ggml.new_tensor(ggml.T.I32, self.ubatch.n_tokens)
         cur.set_input()
         self.cb(cur, "inp_pos", -1)
+        return cur
+
+    def build_inp_attn_scale(self) -> Tensor:
+        """The per-token attention temperature, 1x1xN for broadcasting."""
+        cur = ggml.new_tensor(ggml.T.F32, 1, 1, self.ubatch.n_tokens)
+        cur.set_input()
+        self.cb(cur, "inp_attn_scale", -1)
         return cur
 
     def build_inp_out_ids(self) -> Tensor:
@@ -199,7 +207,8 @@ class GraphContext:
     def build_ffn(self, cur: Tensor, up: Optional[Tensor], up_b: Optional[Tensor], gate: Optional[Tensor],
                   gate_b: Optional[Tensor], down: Optional[Tensor], down_b: Optional[Tensor], type_op: str,
                   type_gate: str, il: int) -> Tensor:
-        """build_ffn for LLM_FFN_SILU / GELU / RELU with a sequential or parallel gate."""
+        """build_ffn for LLM_FFN_SILU / GELU / RELU with a sequential or parallel gate, and
+        SWIGLU / GEGLU over a fused gate+up projection."""
         tmp = self.build_lora_mm(up, cur) if up is not None else cur
         self.cb(tmp, "ffn_up", il)
         if up_b is not None:
@@ -213,7 +222,10 @@ class GraphContext:
                 self.cb(cur, "ffn_gate_b", il)
         else:
             cur = tmp
-        if gate is not None and type_gate == LLM_FFN_PAR:
+        if type_op in (LLM_FFN_SWIGLU, LLM_FFN_GEGLU):
+            cur = ggml.glu(cur, ggml.GLU_SWIGLU if type_op == LLM_FFN_SWIGLU else ggml.GLU_GEGLU)
+            self.cb(cur, f"ffn_{type_op.lower()}", il)
+        elif gate is not None and type_gate == LLM_FFN_PAR:
             glu, name = {LLM_FFN_SILU: (ggml.GLU_SWIGLU, "ffn_swiglu"), LLM_FFN_GELU: (ggml.GLU_GEGLU, "ffn_geglu"),
                          LLM_FFN_RELU: (ggml.GLU_REGLU, "ffn_reglu")}[type_op]
             cur = ggml.glu_split(cur, tmp, glu)
@@ -301,7 +313,7 @@ class GraphContext:
         ggml.build_forward_expand(self.gf, cur)
         return cur
 
-    def build_output(self, cur: Tensor, softcap: float = 0.0) -> None:
+    def build_output(self, cur: Tensor, softcap: Optional[float] = None) -> None:
         """The tail most builders share: output_norm (result_norm, t_embd), the lm_head, its bias
         if any, final logit softcapping if any (result_output, t_logits), expanded into the graph."""
         cur = self.build_norm(cur, self.model.output_norm, None, LLM_NORM_RMS, -1)
@@ -310,7 +322,7 @@ class GraphContext:
         cur = self.build_lora_mm(self.model.output, cur)
         if self.model.output_b is not None:
             cur = ggml.add(cur, self.model.output_b)
-        if softcap:
+        if softcap is not None:
             cur = ggml.scale(ggml.unary(ggml.scale(cur, 1.0 / softcap), "TANH"), softcap)
         self.cb(cur, "result_output", -1)
         self.t_logits = cur

@@ -6,7 +6,7 @@ after the layer count is bounded by LLAMA_MAX_LAYERS; the accessors take the lay
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 LLAMA_MAX_LAYERS = 512
 LLAMA_MAX_EXPERTS = 1024
@@ -48,6 +48,7 @@ class HParams:
     f_norm_rms_eps: float = 0.0
     f_attention_scale: float = 0.0
     f_embedding_scale: float = 0.0
+    f_attn_temp_scale: float = 0.0
     f_attn_logit_softcapping: float = 50.0
     f_final_logit_softcapping: float = 30.0
     attn_soft_cap: bool = False
@@ -62,7 +63,6 @@ class HParams:
     is_swa_arr: tuple[bool, ...] = ()
     n_no_rope_layer_step: int = 0          # smollm3: every n-th layer has no rope
     causal_attn: bool = True
-    extra: dict = field(default_factory=dict)
 
     # --- per-layer accessors (llama-hparams.cpp) --------------------------------------------------
 

@@ -11,10 +11,14 @@ if TYPE_CHECKING:
 
 # general.architecture -> module of this package (LLM_ARCH_NAMES)
 ARCHS = {
+    "gemma2": "gemma2",
     "gemma3": "gemma3",
     "llama": "llama",
+    "mistral3": "mistral3",
+    "phi3": "phi3",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "smollm3": "smollm3",
 }
 SUPPORTED_ARCHS = tuple(ARCHS)
 

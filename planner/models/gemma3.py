@@ -99,4 +99,4 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "l_out", il)
         inp_l = cur
 
-    g.build_output(inp_l, softcap=hp.f_final_logit_softcapping)
+    g.build_output(inp_l, softcap=hp.f_final_logit_softcapping or None)

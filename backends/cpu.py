@@ -8,7 +8,7 @@ which decides what CPU_REPACK takes.
 from __future__ import annotations
 
 from .types import Backend, BufferType
-from ..planner.ggml import Tensor, type_name
+from ..planner.ggml import Tensor, n_dims as n_dims_of, type_name
 
 TENSOR_ALIGNMENT = 32
 
@@ -30,11 +30,13 @@ def cpu_repack_buft() -> BufferType:
 REPACK_X86_AVX2 = {"Q4_0": 8, "Q4_K": 8, "IQ4_NL": 8, "MXFP4": 8}
 
 
-def repacks(weight: Tensor) -> bool:
-    """Whether CPU_REPACK takes this weight: a 2-D matrix of a repackable type
-    (extra_buffer_type::supports_op, repack.cpp:5191, for a MUL_MAT weight)."""
+def repacks(weight: Tensor, op: str) -> bool:
+    """Whether CPU_REPACK takes this weight (extra_buffer_type::supports_op, repack.cpp:5191): a
+    2-D MUL_MAT matrix or a 3-D MUL_MAT_ID stack of experts, of a repackable type and row count."""
     rows = REPACK_X86_AVX2.get(type_name(weight.type).upper())
-    return rows is not None and weight.ne[2] == 1 and weight.ne[3] == 1 and weight.ne[1] % rows == 0
+    n_dims = n_dims_of(weight)
+    return rows is not None and weight.ne[1] % rows == 0 and (
+        (op == "MUL_MAT" and n_dims == 2) or (op == "MUL_MAT_ID" and n_dims == 3))
 
 
 def supports_op(t: Tensor) -> bool:

@@ -7,6 +7,7 @@ from typing import Callable
 import click
 
 from ..planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device
+from ..planner.hparams import LLAMA_MAX_LAYERS
 from ..planner.params import KV_TYPES, Params
 
 
@@ -20,15 +21,44 @@ def _parse_tensor_split(value: str | None) -> tuple[float, ...]:
         raise click.BadParameter(f"expected numbers separated by ',' or '/', got {value!r}")
 
 
-def _parse_overrides(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    out = []
+INT32_MAX = 2**31 - 1
+
+# common.h: the patterns --cpu-moe / --n-cpu-moe / --n-cpu-ffn add as tensor overrides to the CPU
+LLM_FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+LLM_FFN_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
+
+
+def _overrides(ctx: click.Context) -> list[tuple[str, str]]:
+    """The tensor overrides in the order their flags first appear (click processes given options
+    in command-line order), as common/arg.cpp appends them."""
+    return ctx.meta.setdefault("schedplan.tensor_overrides", [])
+
+
+def _add_overrides(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """-ot REGEX=BUFTYPE[,REGEX=BUFTYPE...] (parse_tensor_buffer_overrides)"""
     for value in values:
         for item in value.split(","):
             pattern, sep, buft = item.partition("=")
             if not sep or not pattern or not buft:
                 raise click.BadParameter(f"expected REGEX=BUFTYPE, got {item!r}")
-            out.append((pattern, buft))
-    return tuple(out)
+            _overrides(ctx).append((pattern, buft))
+    return values
+
+
+def _add_cpu_moe(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    """-cmoe: llm_ffn_exps_cpu_override()"""
+    if value:
+        _overrides(ctx).append((LLM_FFN_EXPS_REGEX, "CPU"))
+    return value
+
+
+def _add_n_cpu(regex: str):
+    def callback(ctx: click.Context, param: click.Parameter, value: int) -> int:
+        """llm_add_n_cpu_ffn_overrides: one 'blk\.i<regex>' per layer i < N (no layer is numbered
+        LLAMA_MAX_LAYERS or more, so patterns past it would match nothing)"""
+        _overrides(ctx).extend((f"blk\\.{i}{regex}", "CPU") for i in range(min(value, LLAMA_MAX_LAYERS)))
+        return value
+    return callback
 
 
 def _check_devices(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
@@ -73,8 +103,17 @@ def plan_options(func: Callable) -> Callable:
                      help="Do not offload host-weight ops to devices."),
         click.option("--no-host", "no_host", is_flag=True, help="Bypass host buffer types."),
         click.option("--no-repack", "no_repack", is_flag=True, help="Disable weight repacking (extra buffer types)."),
-        click.option("-ot", "--override-tensor", "override_tensor", multiple=True,
-                     help="REGEX=BUFTYPE: place matching weights in that buffer type (repeatable)."),
+        click.option("-ot", "--override-tensor", "override_tensor", multiple=True, callback=_add_overrides,
+                     help="REGEX=BUFTYPE: place matching weights in that buffer type (repeatable; "
+                     "with -cmoe/-ncmoe/-ncffn, the first matching pattern in command-line order wins)."),
+        click.option("-cmoe", "--cpu-moe", "cpu_moe", is_flag=True, callback=_add_cpu_moe,
+                     help="Keep all mixture-of-experts weights on the CPU (-ot with llama.cpp's expert pattern)."),
+        click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=click.IntRange(min=0, max=INT32_MAX), default=0,
+                     callback=_add_n_cpu(LLM_FFN_EXPS_REGEX), metavar="N",
+                     help="Keep the expert weights of the first N layers on the CPU."),
+        click.option("-ncffn", "--n-cpu-ffn", "n_cpu_ffn", type=click.IntRange(min=0, max=INT32_MAX), default=0,
+                     callback=_add_n_cpu(LLM_FFN_DENSE_REGEX), metavar="N",
+                     help="Keep the dense FFN weights of the first N layers on the CPU."),
         click.option("--rpc", "rpc", multiple=True, metavar="HOST:PORT",
                      help="A ggml RPC server to use as a device (repeatable)."),
         click.option("--device", "devices", multiple=True, metavar="KIND:MEMORY[:KEY=VALUE...]",
@@ -83,6 +122,8 @@ def plan_options(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        for name in ("override_tensor", "cpu_moe", "n_cpu_moe", "n_cpu_ffn"):   # gathered by their callbacks
+            kwargs.pop(name)
         kwargs["params"] = Params(
             n_ctx=kwargs.pop("n_ctx"), n_batch=kwargs.pop("n_batch"), n_ubatch=kwargs.pop("n_ubatch"),
             n_seq_max=kwargs.pop("n_seq_max"), flash_attn=kwargs.pop("flash_attn"),
@@ -92,7 +133,7 @@ def plan_options(func: Callable) -> Callable:
             tensor_split=_parse_tensor_split(kwargs.pop("tensor_split")),
             offload_kqv=not kwargs.pop("no_kv_offload"), op_offload=not kwargs.pop("no_op_offload"),
             no_host=kwargs.pop("no_host"), use_extra_bufts=not kwargs.pop("no_repack"),
-            tensor_overrides=_parse_overrides(kwargs.pop("override_tensor")), rpc=tuple(kwargs.pop("rpc")),
+            tensor_overrides=tuple(_overrides(click.get_current_context())), rpc=tuple(kwargs.pop("rpc")),
             devices=kwargs.pop("devices"),
         )
         return func(*args, **kwargs)

@@ -225,6 +225,14 @@ def weight_probe(weight: Tensor, op: str, hp: HParams) -> Tensor:
         return ggml.get_rows(weight, ggml.new_tensor(ggml.T.I32, 512))
     if op == "MUL_MAT":
         return ggml.mul_mat(weight, ggml.new_tensor(ggml.T.F32, weight.ne[0], 512, weight.ne[2], weight.ne[3]))
+    if op == "MUL_MAT_ID":
+        n_used = hp.n_expert_used_max()
+        b = ggml.new_tensor(ggml.T.F32, weight.ne[0], n_used, 512)
+        return ggml.mul_mat_id(weight, b, ggml.new_tensor(ggml.T.I32, n_used, 512))
+    if op == "ADD_ID":
+        n_used = hp.n_expert_used_max()
+        a = ggml.new_tensor(ggml.T.F32, weight.ne[0], n_used, 512)
+        return ggml.add_id(a, weight, ggml.new_tensor(ggml.T.I32, n_used, 512))
     if op == "ADD":
         return ggml.add(ggml.new_tensor(ggml.T.F32, *weight.ne), weight)
     if op == "MUL":
@@ -261,7 +269,7 @@ def weight_placement(devices: Devices, params: Params, hp: HParams):
     def on_cpu(weight: Tensor, op: str) -> BufferType:
         if host is not None and _supports(host, host.host_buft, weight, op, hp):
             return mapped
-        if params.use_extra_bufts and op == "MUL_MAT" and cpu.repacks(weight):
+        if params.use_extra_bufts and cpu.repacks(weight, op):
             return repack
         return mapped
 

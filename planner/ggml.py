@@ -151,6 +151,14 @@ def is_contiguous_m_n(t: Tensor, m: int, n: int = 4) -> bool:
     return True
 
 
+def n_dims(t: Tensor) -> int:
+    """ggml_n_dims: the dimensions up to the last one that is not 1 (at least 1)."""
+    for i in range(3, 0, -1):
+        if t.ne[i] > 1:
+            return i + 1
+    return 1
+
+
 def _ne4(ne: tuple[int, ...]) -> tuple[int, int, int, int]:
     return tuple(ne) + (1,) * (4 - len(ne)) if len(ne) < 4 else tuple(ne)
 
@@ -290,7 +298,7 @@ def norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
 
 
 # enum ggml_unary_op, for the ones schedplan builds
-UNARY_OPS = {"TANH": 4, "RELU": 6, "GELU": 8, "SILU": 10}
+UNARY_OPS = {"TANH": 4, "RELU": 6, "SIGMOID": 7, "GELU": 8, "SILU": 10}
 
 
 def unary(a: Tensor, unary_op: str) -> Tensor:
@@ -307,8 +315,44 @@ def soft_max_ext(a: Tensor, mask: Tensor | None, scale_: float, max_bias: float)
     return _unary_like("SOFT_MAX", a, [a, mask], (scale_, max_bias))
 
 
+def soft_max(a: Tensor) -> Tensor:
+    return _unary_like("SOFT_MAX", a, [a, None], (1.0, 0.0))
+
+
+def clamp(a: Tensor, lo: float, hi: float) -> Tensor:
+    return _unary_like("CLAMP", a, [a], (lo, hi))
+
+
+def div(a: Tensor, b: Tensor) -> Tensor:
+    return _unary_like("DIV", a, [a, b])
+
+
+def sum_rows(a: Tensor) -> Tensor:
+    return _op(new_tensor(a.type, 1, a.ne[1], a.ne[2], a.ne[3]), "SUM_ROWS", [a])
+
+
+def argsort(a: Tensor) -> Tensor:
+    """ggml_argsort (descending, as argsort_top_k asks): i32 indices of a's shape."""
+    return _op(new_tensor(T.I32, *a.ne), "ARGSORT", [a], (1,))
+
+
+def argsort_top_k(a: Tensor, k: int) -> Tensor:
+    """ggml_argsort_top_k: a view of the first k indices of each row of the argsort."""
+    r = argsort(a)
+    return view(r, (k, r.ne[1], r.ne[2], r.ne[3]), (r.nb[1], r.nb[2], r.nb[3]), 0)
+
+
+def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """ggml_mul_mat_id: one matrix per expert in a; ids picks them per b row."""
+    return _op(new_tensor(T.F32, a.ne[1], ids.ne[0], b.ne[2], 1), "MUL_MAT_ID", [a, b, ids])
+
+
+def add_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    return _op(dup_tensor(a), "ADD_ID", [a, b, ids])
+
+
 # enum ggml_glu_op
-GLU_REGLU, GLU_GEGLU, GLU_SWIGLU = 0, 1, 2
+GLU_REGLU, GLU_GEGLU, GLU_SWIGLU, GLU_SWIGLU_OAI = 0, 1, 2, 3
 
 
 def glu(a: Tensor, glu_op: int) -> Tensor:

@@ -54,6 +54,10 @@ class AttnInputISWA:
 LLM_NORM, LLM_NORM_RMS = "NORM", "RMS_NORM"
 LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU = "SILU", "GELU", "RELU"
 LLM_FFN_SWIGLU, LLM_FFN_GEGLU = "SWIGLU", "GEGLU"     # gate and up fused in ffn_up's rows
+LLM_FFN_SWIGLU_OAI_MOE = "SWIGLU_OAI_MOE"
+# llama_expert_gating_func_type
+LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID = "SOFTMAX", "SIGMOID"
+LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT = "SOFTMAX_WEIGHT"
 LLM_FFN_SEQ, LLM_FFN_PAR = "SEQ", "PAR"
 
 
@@ -239,6 +243,117 @@ class GraphContext:
             self.cb(cur, "ffn_down", il)
             cur = ggml.add(cur, down_b)
         return cur
+
+    def build_moe_ffn(self, cur: Tensor, gate_inp: Tensor, up_exps: Optional[Tensor], gate_exps: Optional[Tensor],
+                      down_exps: Tensor, exp_probs_b: Optional[Tensor], n_expert: int, n_expert_used: int,
+                      type_op: str, norm_w: bool, w_scale: float, gating_op: str, il: int,
+                      gate_inp_b: Optional[Tensor] = None, up_exps_b: Optional[Tensor] = None,
+                      gate_exps_b: Optional[Tensor] = None, down_exps_b: Optional[Tensor] = None,
+                      gate_up_exps: Optional[Tensor] = None) -> Tensor:
+        """build_moe_ffn: router logits, gating, top-k experts, their weights, the experts' FFN by
+        MUL_MAT_ID, weighting, then one view per used expert summed with adds."""
+        hp = self.hparams
+        n_embd, n_tokens = cur.ne[0], cur.ne[1]
+        logits = self.build_lora_mm(gate_inp, cur)
+        self.cb(logits, "ffn_moe_logits", il)
+        if gate_inp_b is not None:
+            logits = ggml.add(logits, gate_inp_b)
+            self.cb(logits, "ffn_moe_logits_biased", il)
+        if gating_op == LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX:
+            probs = ggml.soft_max(logits)
+        elif gating_op == LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID:
+            probs = ggml.unary(logits, "SIGMOID")
+        else:   # SOFTMAX_WEIGHT: the softmax is taken over the selected experts' logits
+            probs = logits
+        self.cb(probs, "ffn_moe_probs", il)
+        selection_probs = probs
+        if exp_probs_b is not None:
+            selection_probs = ggml.add(probs, exp_probs_b)
+            self.cb(selection_probs, "ffn_moe_probs_biased", il)
+        if hp.n_expert_groups > 1 and n_tokens > 0:
+            raise NotImplementedError("expert groups (DeepSeek-V3 group-limited routing) are not planned yet")
+        selected = ggml.argsort_top_k(selection_probs, n_expert_used)
+        self.cb(selected.view_src, "ffn_moe_argsort", il)
+        self.cb(selected, "ffn_moe_topk", il)
+        weights = ggml.get_rows(ggml.reshape(probs, 1, n_expert, n_tokens), selected)
+        self.cb(weights, "ffn_moe_weights", il)
+        if gating_op == LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT:
+            weights = ggml.soft_max(ggml.reshape(weights, n_expert_used, n_tokens))
+            weights = ggml.reshape(weights, 1, n_expert_used, n_tokens)
+            self.cb(weights, "ffn_moe_weights_softmax", il)
+        if norm_w:
+            weights = ggml.reshape(weights, n_expert_used, n_tokens)
+            weights_sum = ggml.sum_rows(weights)
+            self.cb(weights_sum, "ffn_moe_weights_sum", il)
+            weights_sum = ggml.clamp(weights_sum, 6.103515625e-5, math.inf)   # no division by zero
+            self.cb(weights_sum, "ffn_moe_weights_sum_clamped", il)
+            weights = ggml.div(weights, weights_sum)
+            self.cb(weights, "ffn_moe_weights_norm", il)
+            weights = ggml.reshape(weights, 1, n_expert_used, n_tokens)
+        if w_scale not in (0.0, 1.0):
+            weights = ggml.scale(weights, w_scale)
+            self.cb(weights, "ffn_moe_weights_scaled", il)
+        ggml.build_forward_expand(self.gf, weights)   # early, so that topk-moe can be fused
+
+        cur = ggml.reshape(cur, n_embd, 1, n_tokens)
+        if gate_up_exps is not None:
+            gate_up = ggml.mul_mat_id(gate_up_exps, cur, selected)
+            self.cb(gate_up, "ffn_moe_gate_up", il)
+            n_ff = gate_up.ne[0] // 2
+            cur = ggml.view(gate_up, (n_ff, gate_up.ne[1], gate_up.ne[2]), (gate_up.nb[1], gate_up.nb[2]), 0)
+            self.cb(cur, "ffn_moe_gate", il)
+            up = ggml.view(gate_up, (n_ff, gate_up.ne[1], gate_up.ne[2]), (gate_up.nb[1], gate_up.nb[2]),
+                           n_ff * gate_up.nb[0])
+            self.cb(up, "ffn_moe_up", il)
+        else:
+            up = ggml.mul_mat_id(up_exps, cur, selected)
+            self.cb(up, "ffn_moe_up", il)
+            if up_exps_b is not None:
+                up = ggml.add_id(up, up_exps_b, selected)
+                self.cb(up, "ffn_moe_up_biased", il)
+            if gate_exps is not None:
+                cur = ggml.mul_mat_id(gate_exps, cur, selected)
+                self.cb(cur, "ffn_moe_gate", il)
+            else:
+                cur = up
+            if gate_exps_b is not None:
+                cur = ggml.add_id(cur, gate_exps_b, selected)
+                self.cb(cur, "ffn_moe_gate_biased", il)
+        has_gate = gate_exps is not None or gate_up_exps is not None
+        if type_op == LLM_FFN_SWIGLU_OAI_MOE:
+            cur = ggml.glu_split(cur, up, ggml.GLU_SWIGLU_OAI)
+            self.cb(cur, "ffn_moe_swiglu_oai", il)
+        elif has_gate:
+            glu, name = {LLM_FFN_SILU: (ggml.GLU_SWIGLU, "ffn_moe_swiglu"), LLM_FFN_GELU: (ggml.GLU_GEGLU, "ffn_moe_geglu"),
+                         LLM_FFN_RELU: (ggml.GLU_REGLU, "ffn_moe_reglu")}[type_op]
+            cur = ggml.glu_split(cur, up, glu)
+            self.cb(cur, name, il)
+        else:
+            cur = ggml.unary(cur, type_op)
+            self.cb(cur, f"ffn_moe_{type_op.lower()}", il)
+
+        experts = ggml.mul_mat_id(down_exps, cur, selected)
+        self.cb(experts, "ffn_moe_down", il)
+        if down_exps_b is not None:
+            experts = ggml.add_id(experts, down_exps_b, selected)
+            self.cb(experts, "ffn_moe_down_biased", il)
+        experts = ggml.mul(experts, weights)
+        self.cb(experts, "ffn_moe_weighted", il)
+        ggml.build_forward_expand(self.gf, experts)
+
+        # one view per used expert (ordered before the adds), then their sum
+        n_used = hp.n_expert_used_arr[il]
+        views = [ggml.view(experts, (n_embd, n_tokens), (experts.nb[2],), i * experts.nb[1]) for i in range(n_used)]
+        for v in views:
+            ggml.build_forward_expand(self.gf, v)
+        moe_out = views[0]
+        for v in views[1:]:
+            moe_out = ggml.add(moe_out, v)
+            ggml.build_forward_expand(self.gf, moe_out)
+        if n_used == 1:
+            moe_out = ggml.cont(moe_out)   # not a non-contiguous view
+        self.cb(moe_out, "ffn_moe_out", il)
+        return moe_out
 
     # --- attention -------------------------------------------------------------------------------
 

@@ -43,7 +43,12 @@ class HParams:
     n_rot_full: int = 0
     n_rot_swa: int = 0
     n_expert: int = 0
-    n_expert_used: int = 0
+    n_expert_used_arr: tuple[int, ...] = ()
+    n_ff_exp_arr: tuple[int, ...] = ()
+    n_expert_groups: int = 0
+    n_group_used: int = 0
+    expert_weights_scale: float = 0.0
+    expert_weights_norm: bool = False
     f_norm_eps: float = 0.0
     f_norm_rms_eps: float = 0.0
     f_attention_scale: float = 0.0
@@ -74,6 +79,15 @@ class HParams:
 
     def n_ff(self, il: int = 0) -> int:
         return self.n_ff_arr[il]
+
+    def n_expert_used(self, il: int = 0) -> int:
+        return self.n_expert_used_arr[il]
+
+    def n_expert_used_max(self) -> int:
+        return max(self.n_expert_used_arr)
+
+    def n_ff_exp(self, il: int = 0) -> int:
+        return self.n_ff_exp_arr[il]
 
     def is_swa(self, il: int) -> bool:
         return self.is_swa_arr[il]

@@ -53,6 +53,21 @@ class Layer:
     rope_freqs: Optional[Tensor] = None
     rope_long: Optional[Tensor] = None
     rope_short: Optional[Tensor] = None
+    ffn_gate_inp: Optional[Tensor] = None
+    ffn_gate_inp_b: Optional[Tensor] = None
+    ffn_gate_exps: Optional[Tensor] = None
+    ffn_up_exps: Optional[Tensor] = None
+    ffn_down_exps: Optional[Tensor] = None
+    ffn_gate_up_exps: Optional[Tensor] = None
+    ffn_gate_exps_b: Optional[Tensor] = None
+    ffn_up_exps_b: Optional[Tensor] = None
+    ffn_down_exps_b: Optional[Tensor] = None
+    ffn_exp_probs_b: Optional[Tensor] = None
+    ffn_gate_shexp: Optional[Tensor] = None
+    ffn_up_shexp: Optional[Tensor] = None
+    ffn_down_shexp: Optional[Tensor] = None
+    ffn_gate_inp_shexp: Optional[Tensor] = None
+    attn_sinks: Optional[Tensor] = None
 
 
 @dataclass
@@ -97,13 +112,10 @@ def load_hparams(ml: ModelLoader) -> HParams:
     if ml.get_u32("%s.nextn_predict_layers", 0):
         ml.fail(f"{ml.key('%s.nextn_predict_layers')}: multi-token-prediction layers are not planned yet")
     hp.n_expert = ml.get_u32("%s.expert_count", 0)
-    hp.n_expert_used = max(ml.get_key_or_arr("%s.expert_used_count", n_layer, 0))
-    require(ml, hp.n_expert <= LLAMA_MAX_EXPERTS,
-            f"{ml.key('%s.expert_count')} is {hp.n_expert}, above LLAMA_MAX_EXPERTS ({LLAMA_MAX_EXPERTS})")
-    require(ml, hp.n_expert_used <= hp.n_expert,
-            f"{ml.key('%s.expert_used_count')} is {hp.n_expert_used}, above the expert count {hp.n_expert}")
-    if hp.n_expert:
-        ml.fail(f"mixture-of-experts models ({ml.key('%s.expert_count')} = {hp.n_expert}) are not planned yet")
+    hp.n_expert_used_arr = ml.get_key_or_arr("%s.expert_used_count", n_layer, 0)
+    hp.n_expert_groups = ml.get_u32("%s.expert_group_count", 0)
+    hp.n_group_used = ml.get_u32("%s.expert_group_used_count", 0)
+    check_experts(ml, hp)
 
     hp.n_ff_arr = ml.get_key_or_arr("%s.feed_forward_length", n_layer, 0)
     hp.n_head_arr = ml.get_key_or_arr("%s.attention.head_count", n_layer, 0)
@@ -132,6 +144,24 @@ def load_hparams(ml: ModelLoader) -> HParams:
     hp.rope_type = arch.LLAMA_ROPE_TYPE
     check_hparams(ml, hp)
     return hp
+
+
+def check_experts(ml: ModelLoader, hp: HParams) -> None:
+    """load_hparams' GGML_ASSERTs on the expert counts (per-layer used counts: their maximum)."""
+    n_used, count = hp.n_expert_used_max(), ml.key("%s.expert_count")
+    require(ml, hp.n_expert <= LLAMA_MAX_EXPERTS, f"{count} is {hp.n_expert}, above LLAMA_MAX_EXPERTS ({LLAMA_MAX_EXPERTS})")
+    require(ml, n_used <= hp.n_expert, f"{ml.key('%s.expert_used_count')} is {n_used}, above {count} ({hp.n_expert})")
+    if hp.n_expert > 0:
+        require(ml, n_used > 0, f"{ml.key('%s.expert_used_count')} is 0 with {hp.n_expert} experts")
+        require(ml, hp.n_expert_groups < hp.n_expert,
+                f"{ml.key('%s.expert_group_count')} is {hp.n_expert_groups}, not below {count} ({hp.n_expert})")
+        if hp.n_expert_groups > 1:
+            require(ml, hp.n_expert % hp.n_expert_groups == 0 and 0 < hp.n_group_used < hp.n_expert_groups,
+                    f"{hp.n_expert_groups} expert groups must divide {hp.n_expert} experts and "
+                    f"{ml.key('%s.expert_group_used_count')} ({hp.n_group_used}) must be between 1 and the groups")
+    else:
+        require(ml, n_used == 0 and hp.n_expert_groups == 0,
+                f"{ml.key('%s.expert_used_count')} or {ml.key('%s.expert_group_count')} set without experts")
 
 
 def require_head_sizes_equal(ml: ModelLoader, hp: HParams) -> None:
@@ -191,8 +221,8 @@ class TensorCreator:
             return None
         tensor_kind = "OUTPUT" if t.tensor == "TOKEN_EMBD" and flags & TENSOR_DUPLICATED else t.tensor
         _, layer, op = LLM_TENSOR_INFOS[tensor_kind]
-        if t.name.endswith(".bias"):
-            op = "ADD"
+        if t.name.endswith(".bias"):   # biases are added, to expert outputs by id
+            op = "ADD_ID" if op == "MUL_MAT_ID" else "ADD"
         il = -1 if layer == LAYER_INPUT else self.hparams.n_layer if layer == LAYER_OUTPUT else t.bid
         w = ggml.new_tensor(info.type, *info.ne)
         w.name = t.name

@@ -18,6 +18,7 @@ ARCHS = {
     "phi3": "phi3",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen3moe": "qwen3moe",
     "smollm3": "smollm3",
 }
 SUPPORTED_ARCHS = tuple(ARCHS)

@@ -237,6 +237,10 @@ def weight_probe(weight: Tensor, op: str, hp: HParams) -> Tensor:
         return ggml.add(ggml.new_tensor(ggml.T.F32, *weight.ne), weight)
     if op == "MUL":
         return ggml.mul(ggml.new_tensor(ggml.T.F32, *weight.ne), weight)
+    if op == "DIV":
+        return ggml.div(ggml.new_tensor(ggml.T.F32, weight.ne[0]), weight)
+    if op == "SCALE":
+        return ggml.scale(weight, 1.0)
     if op != "ROPE":
         raise NotImplementedError(f"no weight_buft_supported probe for a weight used by {op}")
     a = ggml.new_tensor(ggml.T.F32, hp.n_embd_head_v(), hp.n_head(), 512)

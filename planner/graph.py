@@ -74,6 +74,7 @@ class GraphContext:
     gf: Cgraph = field(default_factory=Cgraph)
     t_logits: Optional[Tensor] = None
     t_embd: Optional[Tensor] = None
+    t_h_nextn: Optional[Tensor] = None   # the last hidden state, kept for multi-token prediction
     fused_flash_attn: list[tuple[Tensor, int]] = field(default_factory=list)   # res->add_fused_node
 
     @property
@@ -358,7 +359,7 @@ class GraphContext:
     # --- attention -------------------------------------------------------------------------------
 
     def build_attn(self, inp, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor, k_cur: Tensor,
-                   v_cur: Tensor, kq_scale: float, il: int) -> Tensor:
+                   v_cur: Tensor, kq_scale: float, il: int, sinks: Optional[Tensor] = None) -> Tensor:
         """build_attn(llm_graph_input_attn_kv *) and build_attn(llm_graph_input_attn_kv_iswa *): the
         iswa form picks the layer's cache and expands q, k, v (the plain form q, v, k)."""
         iswa = isinstance(inp, AttnInputISWA)
@@ -374,7 +375,7 @@ class GraphContext:
         kv = inp.kv
         ggml.build_forward_expand(self.gf, kv.cpy_k(k_cur, inp.k_idxs, il))
         ggml.build_forward_expand(self.gf, kv.cpy_v(v_cur, inp.v_idxs, il))
-        cur = self.build_attn_mha(q_cur, kv.get_k(il), kv.get_v(il), inp.kq_mask, kq_scale, il)
+        cur = self.build_attn_mha(q_cur, kv.get_k(il), kv.get_v(il), inp.kq_mask, kq_scale, il, sinks)
         self.cb(cur, "kqv_out", il)
         if inp.v_rot is not None:
             cur = mul_mat_hadamard(cur, inp.v_rot)
@@ -384,7 +385,9 @@ class GraphContext:
             cur = ggml.add(cur, wo_b)
         return cur
 
-    def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int) -> Tensor:
+    def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int,
+                       sinks: Optional[Tensor] = None) -> Tensor:
+        """build_attn_mha: FLASH_ATTN_EXT, or KQ, softmax, KQV; attention sinks join the softmax."""
         hp = self.hparams
         v_trans = v.nb[1] > v.nb[2]
         n_stream = k.ne[3]
@@ -403,6 +406,8 @@ class GraphContext:
             cur = ggml.flash_attn_ext(q, k, v, kq_mask, kq_scale, 0.0,
                                       hp.f_attn_logit_softcapping if hp.attn_soft_cap else 0.0)
             self.fused_flash_attn.append((cur, il))
+            if sinks is not None:   # ggml_flash_attn_ext_add_sinks
+                cur.src.append(sinks)
             cur = ggml.reshape(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         else:
             kq = ggml.mul_mat(k, q)
@@ -415,6 +420,8 @@ class GraphContext:
                 kq = ggml.scale(kq, hp.f_attn_logit_softcapping)
                 self.cb(kq, "kq_scaled_2", il)
             kq = ggml.soft_max_ext(kq, kq_mask, kq_scale, 0.0)
+            if sinks is not None:   # ggml_soft_max_add_sinks
+                kq.src.append(sinks)
             self.cb(kq, "kq_soft_max", il)
             if not v_trans:
                 v = ggml.cont(ggml.transpose(v))
@@ -445,7 +452,7 @@ class GraphContext:
 
     def set_outputs(self) -> None:
         """llm_graph_result::set_outputs"""
-        for t in (self.t_logits, self.t_embd):
+        for t in (self.t_logits, self.t_embd, self.t_h_nextn):
             if t is not None:
                 t.set_output()
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 ARCHS = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
+    "gpt-oss": "openai_moe",
     "llama": "llama",
     "mistral3": "mistral3",
     "phi3": "phi3",

@@ -1,11 +1,13 @@
-"""LLM_ARCH_LLAMA (src/models/llama.cpp): Llama 2/3/3.1, Mistral, TinyLlama, SmolLM2.
+"""LLM_ARCH_LLAMA (src/models/llama.cpp): Llama 2/3/3.1, Mistral, TinyLlama, SmolLM2, Mixtral.
 
-Dense FFN, KV cache, optional rope_freqs (llama3 rope) or longrope factors.
+Dense FFN, or routed experts when the header has experts (Mixtral); optional rope_freqs (llama3
+rope) or longrope factors.
 """
 from __future__ import annotations
 
 from .. import ggml
-from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext, kq_scale_for
+from ..graph import (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext,
+                     kq_scale_for)
 from ..hparams import LLAMA_ROPE_SCALING_TYPE_LONGROPE, LLAMA_ROPE_TYPE_NORM, HParams
 from ..model import Layer, Model, TensorCreator, require_head_sizes_equal
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
@@ -31,12 +33,20 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
         layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
         layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,))
         create_rope_factors(c, layer, i, hp, n_rot)
-        layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
-        layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
-        layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
-        layer.ffn_gate_b = c.create_tensor(tn("FFN_GATE", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
-        layer.ffn_down_b = c.create_tensor(tn("FFN_DOWN", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
-        layer.ffn_up_b = c.create_tensor(tn("FFN_UP", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
+        if hp.n_expert == 0:
+            layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
+            layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
+            layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
+            layer.ffn_gate_b = c.create_tensor(tn("FFN_GATE", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
+            layer.ffn_down_b = c.create_tensor(tn("FFN_DOWN", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+            layer.ffn_up_b = c.create_tensor(tn("FFN_UP", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
+        else:   # Mixtral
+            n_expert = hp.n_expert
+            layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert))
+            layer.ffn_gate_exps = c.create_tensor(tn("FFN_GATE_EXPS", "weight", i), (n_embd, n_ff, n_expert),
+                                                  TENSOR_NOT_REQUIRED)
+            layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff, n_embd, n_expert))
+            layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (n_embd, n_ff, n_expert))
 
 
 def create_rope_factors(c: TensorCreator, layer: Layer, i: int, hp: HParams, n_rot: int) -> None:
@@ -83,9 +93,15 @@ def build(g: GraphContext) -> None:
 
         cur = g.build_norm(ffn_inp, layer.ffn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "ffn_norm", il)
-        cur = g.build_ffn(cur, layer.ffn_up, layer.ffn_up_b, layer.ffn_gate, layer.ffn_gate_b, layer.ffn_down,
-                          layer.ffn_down_b, LLM_FFN_SILU, LLM_FFN_PAR, il)
-        g.cb(cur, "ffn_out", il)
+        if layer.ffn_gate_inp is None:
+            cur = g.build_ffn(cur, layer.ffn_up, layer.ffn_up_b, layer.ffn_gate, layer.ffn_gate_b, layer.ffn_down,
+                              layer.ffn_down_b, LLM_FFN_SILU, LLM_FFN_PAR, il)
+            g.cb(cur, "ffn_out", il)
+        else:
+            cur = g.build_moe_ffn(cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
+                                  None, hp.n_expert, hp.n_expert_used(), LLM_FFN_SILU, True,
+                                  hp.expert_weights_scale, LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, il)
+            g.cb(cur, "ffn_moe_out", il)
 
         cur = ggml.add(cur, ffn_inp)
         g.cb(cur, "ffn_out", il)

@@ -6,6 +6,8 @@ header-only copies of the fixtures and need no llama.cpp.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from fixtures.golden import canonical_endpoint, load_goldens
@@ -22,7 +24,13 @@ def golden(request):
 
 
 def _plan(g: dict) -> dict:
-    case = g["case"]
+    return _plan_case(g["case"]["id"])
+
+
+@functools.lru_cache(maxsize=None)
+def _plan_case(case_id: str) -> dict:
+    """One plan per golden, shared by the tests that compare its parts."""
+    case = next(g["case"] for g in GOLDENS if g["case"]["id"] == case_id)
     flags = list(case["flags"]) + [x for i in range(case["n_rpc"]) for x in ("--rpc", canonical_endpoint(i))]
     return reserve(str(header_path(case["model"])), parse_params(flags))
 

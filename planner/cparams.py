@@ -56,6 +56,9 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
     type_k = ggml.type_by_name(params.type_k)
     type_v = ggml.type_by_name(params.type_v)
     flash_attn = params.flash_attn
+    if hp.is_mla() and type_k != type_v:   # llama_init_from_model: V is read from the K cache
+        raise BadParams(f"-ctk {params.type_k} -ctv {params.type_v}: this model (multi-head latent attention) "
+                        f"needs the same K and V cache types")
     # llama_init_from_model: a quantized V cache needs flash attention; "auto" becomes "on"
     if ggml.is_quantized(type_v) and flash_attn != "on":
         if flash_attn == "off":

@@ -327,6 +327,16 @@ def div(a: Tensor, b: Tensor) -> Tensor:
     return _unary_like("DIV", a, [a, b])
 
 
+def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
+    ne = list(a.ne)
+    ne[dim] += b.ne[dim]
+    return _op(new_tensor(a.type, *ne), "CONCAT", [a, b], (dim,))
+
+
+def fill(a: Tensor, c: float) -> Tensor:
+    return _op(dup_tensor(a), "FILL", [a], (c,))
+
+
 def sum_rows(a: Tensor) -> Tensor:
     return _op(new_tensor(a.type, 1, a.ne[1], a.ne[2], a.ne[3]), "SUM_ROWS", [a])
 

@@ -50,14 +50,22 @@ class AttnInputISWA:
     swa: AttnInput
 
 
+@dataclass
+class AttnInputK:
+    """llm_graph_input_attn_k: a K-only cache (multi-head latent attention)"""
+    kv: KVCache
+    k_idxs: Tensor
+    kq_mask: Tensor
+
+
 # llm_norm_type, llm_ffn_op_type, llm_ffn_gate_type
 LLM_NORM, LLM_NORM_RMS = "NORM", "RMS_NORM"
 LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU = "SILU", "GELU", "RELU"
 LLM_FFN_SWIGLU, LLM_FFN_GEGLU = "SWIGLU", "GEGLU"     # gate and up fused in ffn_up's rows
 LLM_FFN_SWIGLU_OAI_MOE = "SWIGLU_OAI_MOE"
 # llama_expert_gating_func_type
-LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID = "SOFTMAX", "SIGMOID"
-LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT = "SOFTMAX_WEIGHT"
+LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID = 1, 2
+LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT = 3
 LLM_FFN_SEQ, LLM_FFN_PAR = "SEQ", "PAR"
 
 
@@ -134,6 +142,10 @@ class GraphContext:
         base.k_rot, base.v_rot = self.kv.base.build_input_k_rot(), self.kv.base.build_input_v_rot()
         swa.k_rot, swa.v_rot = self.kv.swa.build_input_k_rot(), self.kv.swa.build_input_v_rot()
         return AttnInputISWA(base, swa)
+
+    def build_attn_inp_k(self) -> AttnInputK:
+        """build_attn_inp_k_impl: K indices and the mask; no V indices, no rotations."""
+        return AttnInputK(self.kv, self.kv.build_input_k_idxs(self.ubatch.n_tokens), self.build_attn_inp_kq_mask(self.kv))
 
     def _attn_inp(self, kv: KVCache, rotations: bool = True) -> AttnInput:
         n_tokens = self.ubatch.n_tokens
@@ -264,15 +276,17 @@ class GraphContext:
             probs = ggml.soft_max(logits)
         elif gating_op == LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID:
             probs = ggml.unary(logits, "SIGMOID")
-        else:   # SOFTMAX_WEIGHT: the softmax is taken over the selected experts' logits
+        elif gating_op == LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT:   # softmax over the selected ones, later
             probs = logits
+        else:
+            raise NotImplementedError(f"expert gating function {gating_op} is not planned yet")
         self.cb(probs, "ffn_moe_probs", il)
         selection_probs = probs
         if exp_probs_b is not None:
             selection_probs = ggml.add(probs, exp_probs_b)
             self.cb(selection_probs, "ffn_moe_probs_biased", il)
         if hp.n_expert_groups > 1 and n_tokens > 0:
-            raise NotImplementedError("expert groups (DeepSeek-V3 group-limited routing) are not planned yet")
+            selection_probs = self._select_expert_groups(selection_probs, n_expert, n_tokens, il)
         selected = ggml.argsort_top_k(selection_probs, n_expert_used)
         self.cb(selected.view_src, "ffn_moe_argsort", il)
         self.cb(selected, "ffn_moe_topk", il)
@@ -356,12 +370,33 @@ class GraphContext:
         self.cb(moe_out, "ffn_moe_out", il)
         return moe_out
 
+    def _select_expert_groups(self, selection_probs: Tensor, n_expert: int, n_tokens: int, il: int) -> Tensor:
+        """Group-limited routing (DeepSeek-V3): score each group by its top two experts, keep the
+        n_group_used best groups, mask the others' experts to -inf."""
+        hp = self.hparams
+        n_groups = hp.n_expert_groups
+        groups = ggml.reshape(selection_probs, n_expert // n_groups, n_groups, n_tokens)
+        scores = ggml.argsort_top_k(groups, 2)
+        scores = ggml.get_rows(ggml.reshape(groups, 1, groups.ne[0], groups.ne[1], groups.ne[2]), scores)
+        scores = ggml.sum_rows(ggml.reshape(scores, scores.ne[1], scores.ne[2], scores.ne[3]))
+        scores = ggml.reshape(scores, scores.ne[1], scores.ne[2])
+        expert_groups = ggml.argsort_top_k(scores, hp.n_group_used)
+        self.cb(expert_groups, "ffn_moe_group_topk", il)
+        kept = ggml.get_rows(groups, expert_groups)
+        masked = ggml.set_rows(ggml.fill(groups, -math.inf), kept, expert_groups)
+        masked = ggml.reshape(masked, n_expert, n_tokens)
+        self.cb(masked, "ffn_moe_probs_masked", il)
+        return masked
+
     # --- attention -------------------------------------------------------------------------------
 
     def build_attn(self, inp, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor, k_cur: Tensor,
-                   v_cur: Tensor, kq_scale: float, il: int, sinks: Optional[Tensor] = None) -> Tensor:
+                   v_cur: Tensor, kq_scale: float, il: int, sinks: Optional[Tensor] = None,
+                   v_mla: Optional[Tensor] = None) -> Tensor:
         """build_attn(llm_graph_input_attn_kv *) and build_attn(llm_graph_input_attn_kv_iswa *): the
         iswa form picks the layer's cache and expands q, k, v (the plain form q, v, k)."""
+        if isinstance(inp, AttnInputK):
+            return self.build_attn_k(inp, wo, wo_b, q_cur, k_cur, v_cur, kq_scale, il, v_mla)
         iswa = isinstance(inp, AttnInputISWA)
         if iswa:
             inp = inp.swa if self.hparams.is_swa(il) else inp.base
@@ -385,9 +420,28 @@ class GraphContext:
             cur = ggml.add(cur, wo_b)
         return cur
 
+    def build_attn_k(self, inp: AttnInputK, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor,
+                     k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int, v_mla: Optional[Tensor]) -> Tensor:
+        """build_attn(llm_graph_input_attn_k *): only K is stored; V is a view of K's first
+        v_cur->ne[0] values, decompressed by v_mla after the attention."""
+        for t in (q_cur, v_cur, k_cur):
+            ggml.build_forward_expand(self.gf, t)
+        kv = inp.kv
+        ggml.build_forward_expand(self.gf, kv.cpy_k(k_cur, inp.k_idxs, il))
+        k = kv.get_k(il)
+        v = ggml.view(k, (v_cur.ne[0], k.ne[1], k.ne[2], k.ne[3]), (k.nb[1], k.nb[2], k.nb[3]), 0)
+        cur = self.build_attn_mha(q_cur, k, v, inp.kq_mask, kq_scale, il, None, v_mla)
+        self.cb(cur, "kqv_out", il)
+        if wo is not None:
+            cur = self.build_lora_mm(wo, cur)
+        if wo_b is not None:
+            cur = ggml.add(cur, wo_b)
+        return cur
+
     def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int,
-                       sinks: Optional[Tensor] = None) -> Tensor:
-        """build_attn_mha: FLASH_ATTN_EXT, or KQ, softmax, KQV; attention sinks join the softmax."""
+                       sinks: Optional[Tensor] = None, v_mla: Optional[Tensor] = None) -> Tensor:
+        """build_attn_mha: FLASH_ATTN_EXT, or KQ, softmax, KQV; attention sinks join the softmax;
+        v_mla decompresses MLA's values (after FLASH_ATTN_EXT as a matrix product over permuted rows)."""
         hp = self.hparams
         v_trans = v.nb[1] > v.nb[2]
         n_stream = k.ne[3]
@@ -408,6 +462,11 @@ class GraphContext:
             self.fused_flash_attn.append((cur, il))
             if sinks is not None:   # ggml_flash_attn_ext_add_sinks
                 cur.src.append(sinks)
+            if v_mla is not None:
+                cur = ggml.permute(cur, 0, 2, 1, 3)
+                cur = ggml.mul_mat(v_mla, cur)
+                self.cb(cur, "fattn_mla", il)
+                cur = ggml.cont(ggml.permute(cur, 0, 2, 1, 3))
             cur = ggml.reshape(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         else:
             kq = ggml.mul_mat(k, q)
@@ -428,6 +487,9 @@ class GraphContext:
                 self.cb(v, "v_cont", il)
             kqv = ggml.mul_mat(v, kq)
             self.cb(kqv, "kqv", il)
+            if v_mla is not None:
+                kqv = ggml.mul_mat(v_mla, kqv)
+                self.cb(kqv, "kqv_mla", il)
             cur = ggml.permute(kqv, 0, 2, 1, 3)
             cur = ggml.cont(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
             if not self.cparams.offload_kqv:

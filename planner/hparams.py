@@ -49,6 +49,13 @@ class HParams:
     n_group_used: int = 0
     expert_weights_scale: float = 0.0
     expert_weights_norm: bool = False
+    expert_gating_func: int = 0            # llama_expert_gating_func_type; 0 = NONE
+    n_expert_shared: int = 0
+    n_layer_dense_lead: int = 0
+    n_lora_q: int = 0                      # multi-head latent attention (DeepSeek V2/V3)
+    n_lora_kv: int = 0
+    n_embd_head_k_mla_impl: int = 0
+    n_embd_head_v_mla_impl: int = 0
     f_norm_eps: float = 0.0
     f_norm_rms_eps: float = 0.0
     f_attention_scale: float = 0.0
@@ -88,6 +95,15 @@ class HParams:
 
     def n_ff_exp(self, il: int = 0) -> int:
         return self.n_ff_exp_arr[il]
+
+    def is_mla(self) -> bool:
+        return self.n_embd_head_k_mla_impl != 0 and self.n_embd_head_v_mla_impl != 0
+
+    def n_embd_head_k_mla(self) -> int:
+        return self.n_embd_head_k_mla_impl if self.is_mla() else self.n_embd_head_k()
+
+    def n_embd_head_v_mla(self) -> int:
+        return self.n_embd_head_v_mla_impl if self.is_mla() else self.n_embd_head_v()
 
     def is_swa(self, il: int) -> bool:
         return self.is_swa_arr[il]

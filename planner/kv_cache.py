@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..backends.types import BufferType
 from . import ggml
@@ -14,7 +15,7 @@ from .hparams import HParams
 class KVLayer:
     il: int
     k: Tensor
-    v: Tensor
+    v: Optional[Tensor]   # None with multi-head latent attention
 
 
 @dataclass
@@ -131,6 +132,7 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
     layers: dict[int, KVLayer] = {}
     by_buft: dict[str, tuple[BufferType, list[Tensor]]] = {}
     n_embd_head_k_all = n_embd_head_v_all = 0
+    is_mla = hp.is_mla()
     for il in range(hp.n_layer):
         if layer_filter is not None and not layer_filter(il):
             continue
@@ -138,18 +140,22 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
             n_embd_head_k_all = hp.n_embd_head_k(il)
         elif n_embd_head_k_all > 0 and n_embd_head_k_all != hp.n_embd_head_k(il):
             n_embd_head_k_all = -1
-        if n_embd_head_v_all == 0:
-            n_embd_head_v_all = hp.n_embd_head_v(il)
-        elif n_embd_head_v_all > 0 and n_embd_head_v_all != hp.n_embd_head_v(il):
-            n_embd_head_v_all = -1
+        if not is_mla:
+            if n_embd_head_v_all == 0:
+                n_embd_head_v_all = hp.n_embd_head_v(il)
+            elif n_embd_head_v_all > 0 and n_embd_head_v_all != hp.n_embd_head_v(il):
+                n_embd_head_v_all = -1
         # [TAG_V_CACHE_VARIABLE]: a transposed V cache is padded to the widest layer
         n_embd_v = hp.n_embd_v_gqa(il) if not v_trans else hp.n_embd_v_gqa_max()
         k = ggml.new_tensor(type_k, hp.n_embd_k_gqa(il), kv_size, n_stream)
-        v = ggml.new_tensor(type_v, n_embd_v, kv_size, n_stream)
-        k.name, v.name = f"cache_k_l{il}", f"cache_v_l{il}"
+        k.name = f"cache_k_l{il}"
+        v = None
+        if not is_mla:   # multi-head latent attention reads V from the K cache
+            v = ggml.new_tensor(type_v, n_embd_v, kv_size, n_stream)
+            v.name = f"cache_v_l{il}"
         layers[il] = KVLayer(il, k, v)
         buft = buft_for_layer(il)
-        by_buft.setdefault(buft.name, (buft, []))[1].extend([k, v])
+        by_buft.setdefault(buft.name, (buft, []))[1].extend(t for t in (k, v) if t is not None)
     cache = KVCache(hp, type_k, type_v, v_trans, kv_size, n_stream, layers, n_embd_head_k_all=n_embd_head_k_all)
     for name in sorted(by_buft):
         buft, tensors = by_buft[name]

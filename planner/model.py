@@ -68,6 +68,13 @@ class Layer:
     ffn_down_shexp: Optional[Tensor] = None
     ffn_gate_inp_shexp: Optional[Tensor] = None
     attn_sinks: Optional[Tensor] = None
+    wq_a: Optional[Tensor] = None              # multi-head latent attention
+    wq_b: Optional[Tensor] = None
+    attn_q_a_norm: Optional[Tensor] = None
+    attn_kv_a_norm: Optional[Tensor] = None
+    wkv_a_mqa: Optional[Tensor] = None
+    wk_b: Optional[Tensor] = None
+    wv_b: Optional[Tensor] = None
 
 
 @dataclass
@@ -256,6 +263,15 @@ class TensorCreator:
         layer.wq_b = self.create_tensor(tn("ATTN_Q", "bias", bid), (n_embd_q,), TENSOR_NOT_REQUIRED)
         layer.wk_b = self.create_tensor(tn("ATTN_K", "bias", bid), (n_embd_k,), TENSOR_NOT_REQUIRED)
         layer.wv_b = self.create_tensor(tn("ATTN_V", "bias", bid), (n_embd_v,), TENSOR_NOT_REQUIRED)
+
+    def create_tensor_gate_up_exps(self, layer: Layer, bid: int, n_embd: int, n_ff: int, n_expert: int,
+                                   flags: int = 0) -> None:
+        """llama_model_base::create_tensor_gate_up_exps: merged gate_up experts if present, else gate and up."""
+        layer.ffn_gate_up_exps = self.create_tensor(tn("FFN_GATE_UP_EXPS", "weight", bid), (n_embd, n_ff * 2, n_expert),
+                                                    TENSOR_NOT_REQUIRED)
+        if layer.ffn_gate_up_exps is None:
+            layer.ffn_gate_exps = self.create_tensor(tn("FFN_GATE_EXPS", "weight", bid), (n_embd, n_ff, n_expert), flags)
+            layer.ffn_up_exps = self.create_tensor(tn("FFN_UP_EXPS", "weight", bid), (n_embd, n_ff, n_expert), flags)
 
     def create_output(self, model: Model, n_embd: int, n_vocab: int) -> None:
         """The output head most builders share: output_norm, output or the tied token_embd."""

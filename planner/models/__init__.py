@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 # general.architecture -> module of this package (LLM_ARCH_NAMES)
 ARCHS = {
+    "deepseek2": "deepseek2",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gpt-oss": "openai_moe",

@@ -149,7 +149,7 @@ def test_cli(tmp_path):
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-llama-untied"])
+@pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("tiny-")])
 def test_llama_cpp_loads_the_sparse_file(name):
     """Real llama.cpp loads the sparse fixture and creates a context (the bigger models load the
     same way, see fixtures/README.md; they take tens of seconds)."""

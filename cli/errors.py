@@ -20,17 +20,27 @@ import click
 from ..planner.cparams import BadParams
 from ..planner.devices import BadDevices
 from ..planner.ggml import GGMLAbort
-from ..planner.gguf import GGUFError
+from ..planner.gguf import GGUFError, shown
 from ..planner.hparams import UnsupportedModel
 
 # NotImplementedError: a configuration schedplan does not model yet (it says which), never a guess
-USER_ERRORS = (GGUFError, UnsupportedModel, BadParams, BadDevices, GGMLAbort, NotImplementedError,
-               FileNotFoundError, IsADirectoryError, PermissionError)
+# OSError: a file that cannot be opened, read or written (missing, a directory, no permission, a
+# name too long, a symlink loop, ...)
+USER_ERRORS = (GGUFError, UnsupportedModel, BadParams, BadDevices, GGMLAbort, NotImplementedError, OSError)
+
+
+MAX_MESSAGE = 2000       # characters of one error line
+
+
+def one_line(message: str) -> str:
+    """A message as one line of a readable length: names and values read from a file may hold
+    newlines, control characters or a megabyte of text."""
+    return shown(message, MAX_MESSAGE)
 
 
 def die(message: str) -> NoReturn:
     """Bad input: one line on stderr, exit 2."""
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {one_line(message)}", err=True)
     raise SystemExit(2)
 
 
@@ -62,7 +72,7 @@ def click_usage_error_one_line(self: click.exceptions.UsageError, file=None) -> 
     in the same process keep click's own output."""
     if not _is_schedplan_command(self.ctx):
         return _click_usage_error_show(self, file)
-    message = self.format_message().replace("\n", " ").strip()
+    message = one_line(self.format_message().replace("\n", " ").strip())
     ctx = self.ctx
     if ctx.command.get_help_option(ctx) is not None:
         message += f" (see '{ctx.command_path} --help')"

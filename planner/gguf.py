@@ -69,6 +69,16 @@ class GGUFError(Exception):
     """A GGUF file llama.cpp would not load, as one human line: '<path>: <reason>'."""
 
 
+def shown(s: str, limit: int = 80) -> str:
+    """A name or value from the file as a one-line message shows it: non-printable characters
+    escaped (a newline in a key stays on the line), at most `limit` characters (a longer one is
+    cut and its length given)."""
+    head = s[:limit]
+    if not head.isprintable():
+        head = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
+    return f"{head}... ({len(s)} characters)" if len(s) > limit else head
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -229,8 +239,8 @@ class _Parser:
             self.fail(f"not a GGUF file (only {self.end} bytes)")
         if self.buf[:4] != GGUF_MAGIC:
             magic = bytes(self.buf[:4])
-            shown = "".join(chr(c) if 32 <= c < 127 else "?" for c in magic)
-            self.fail(f"not a GGUF file (bad magic '{shown}', expected 'GGUF')")
+            text = "".join(chr(c) if 32 <= c < 127 else "?" for c in magic)
+            self.fail(f"not a GGUF file (bad magic '{text}', expected 'GGUF')")
         self.pos = 4
         self.what = "the GGUF version"
         version = self.u32()
@@ -260,8 +270,8 @@ class _Parser:
             if not key:
                 self.fail(f"key {i} is empty")
             if key in metadata:
-                self.fail(f"duplicate key '{key}'")
-            self.what = f"key '{key}'"
+                self.fail(f"duplicate key '{shown(key)}'")
+            self.what = f"key '{shown(key)}'"
             metadata[key], kv_types[key] = self.value(key)
 
         alignment = DEFAULT_ALIGNMENT
@@ -288,19 +298,19 @@ class _Parser:
             return self.string(), (STRING, None)
         st = _SCALAR.get(vtype)
         if st is None:
-            self.fail(f"key '{key}' has invalid GGUF type {vtype}")
+            self.fail(f"key '{shown(key)}' has invalid GGUF type {vtype}")
         v = self.read(st)
         return (v != 0 if vtype == BOOL else v), (vtype, None)
 
     def array(self, key: str, etype: int, count: int):
         if etype != STRING and etype not in _SCALAR:
-            self.fail(f"key '{key}' has invalid GGUF array element type {etype}")
+            self.fail(f"key '{shown(key)}' has invalid GGUF array element type {etype}")
         if count > MAX_ARRAY_ELEMENTS:
-            self.fail(f"key '{key}': array of {count} elements exceeds the maximum {MAX_ARRAY_ELEMENTS}")
+            self.fail(f"key '{shown(key)}': array of {count} elements exceeds the maximum {MAX_ARRAY_ELEMENTS}")
         remain = self.end - self.pos
         if etype == STRING:
             if count * 8 > remain:
-                self.fail(f"key '{key}': array of {count} strings does not fit in the file ({remain} bytes left)")
+                self.fail(f"key '{shown(key)}': array of {count} strings does not fit in the file ({remain} bytes left)")
             if count <= SMALL_ARRAY:
                 return [self.string() for _ in range(count)]
             start = self.pos
@@ -309,7 +319,7 @@ class _Parser:
         st = _SCALAR[etype]
         nbytes = count * st.size
         if nbytes > remain:
-            self.fail(f"key '{key}': array of {count} {TYPE_NAMES[etype]} does not fit in the file "
+            self.fail(f"key '{shown(key)}': array of {count} {TYPE_NAMES[etype]} does not fit in the file "
                       f"({remain} bytes left)")
         start = self.pos
         self.pos += nbytes
@@ -337,14 +347,14 @@ class _Parser:
             name = buf[pos + 8:pos + 8 + n].decode("utf-8", "replace")
             pos += 8 + n
             if name in seen:
-                self.fail(f"duplicate tensor name '{name}'")
+                self.fail(f"duplicate tensor name '{shown(name)}'")
             seen.add(name)
             n_dims = u32(buf, pos)[0]
             pos += 4
             if n_dims > GGML_MAX_DIMS:
-                self.fail(f"tensor '{name}' has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
+                self.fail(f"tensor '{shown(name)}' has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
             if pos + 8 * n_dims + 12 > end:
-                self.truncated(pos, 8 * n_dims + 12, f"tensor '{name}'")
+                self.truncated(pos, 8 * n_dims + 12, f"tensor '{shown(name)}'")
             ne = dims[n_dims](buf, pos)
             pos += 8 * n_dims
             ttype, offset = type_off(buf, pos)
@@ -354,26 +364,26 @@ class _Parser:
                 nel = ne[0]
                 if nel < 0 or min(ne) < 0:
                     j = next(j for j, d in enumerate(ne) if d < 0)
-                    self.fail(f"tensor '{name}' dimension {j} has a negative number of elements: {ne[j]}")
+                    self.fail(f"tensor '{shown(name)}' dimension {j} has a negative number of elements: {ne[j]}")
                 for d in ne[1:]:              # gguf.cpp's overflow check, zeros included
                     if d > 1 and INT64_MAX // d < nel:
-                        self.fail(f"tensor '{name}' shape {list(ne)} has more than INT64_MAX elements")
+                        self.fail(f"tensor '{shown(name)}' shape {list(ne)} has more than INT64_MAX elements")
                     nel *= d
             sizes = sizes_of.get(ttype)
             if sizes is None:
-                self.fail(f"tensor '{name}' has invalid ggml type {ttype}")
+                self.fail(f"tensor '{shown(name)}' has invalid ggml type {ttype}")
             blck, tsize = sizes
             if ne and ne[0] % blck:
-                self.fail(f"tensor '{name}' has {ne[0]} elements per row, not a multiple of the block size "
+                self.fail(f"tensor '{shown(name)}' has {ne[0]} elements per row, not a multiple of the block size "
                           f"{blck} of its ggml type {ttype}")
             nbytes = nel // blck * tsize
             if nbytes > SIZE_MAX - (alignment - 1):
-                self.fail(f"tensor '{name}' shape {list(ne)} has a size in bytes that overflows")
+                self.fail(f"tensor '{shown(name)}' shape {list(ne)} has a size in bytes that overflows")
             if offset != data_size:
-                self.fail(f"tensor '{name}' has offset {offset}, expected {data_size}")
+                self.fail(f"tensor '{shown(name)}' has offset {offset}, expected {data_size}")
             data_size += (nbytes + alignment - 1) // alignment * alignment
             if data_size > SIZE_MAX:
-                self.fail(f"tensor '{name}': the data section size overflows")
+                self.fail(f"tensor '{shown(name)}': the data section size overflows")
             tensors.append(TensorInfo(name, ne, ttype, offset))
         self.pos = pos
         return tensors, data_size

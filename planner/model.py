@@ -16,7 +16,7 @@ from .gallocr import alloc_ctx_tensors
 from .ggml import Buffer, Tensor
 from .hparams import (LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_ROPE_SCALING_TYPES, HParams,
                       UnsupportedModel)
-from .gguf import BOOL, INT32, UINT32
+from .gguf import BOOL, INT32, UINT32, shown
 from .model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TN, ModelLoader, tn
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def load_hparams(ml: ModelLoader) -> HParams:
     hp.rope_freq_base_train = ml.get_f32("%s.rope.freq_base", 10000.0)
     scaling = ml.get_str("%s.rope.scaling.type", "linear")
     require(ml, scaling in LLAMA_ROPE_SCALING_TYPES,
-            f"{ml.key('%s.rope.scaling.type')} is {scaling!r} (known: {', '.join(LLAMA_ROPE_SCALING_TYPES)})")
+            f"{ml.key('%s.rope.scaling.type')} is '{shown(scaling)}' (known: {', '.join(LLAMA_ROPE_SCALING_TYPES)})")
     hp.rope_scaling_type_train = LLAMA_ROPE_SCALING_TYPES[scaling]
 
     if hp.n_head() > 0:
@@ -147,7 +147,13 @@ def load_hparams(ml: ModelLoader) -> HParams:
     hp.n_rot_swa = ml.get_u32("%s.rope.dimension_count_swa", hp.n_rot_full)
     hp.is_swa_arr = (False,) * n_layer
 
-    arch.load_arch_hparams(ml, hp)
+    try:
+        arch.load_arch_hparams(ml, hp)
+    except ZeroDivisionError:
+        # where llama.cpp's float math gives an infinity (1/sqrt of a zero head size: gemma2,
+        # gemma3), Python raises; a zero head count or head size is what check_hparams refuses
+        check_hparams(ml, hp)
+        raise
     hp.rope_type = arch.LLAMA_ROPE_TYPE
     check_hparams(ml, hp)
     return hp

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from .arch import LLM_TENSOR_INFOS
-from .gguf import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, _type_name
+from .gguf import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, UINT64, _type_name, shown
 from .hparams import LLAMA_MAX_LAYERS, UnsupportedModel
 
 if TYPE_CHECKING:
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 # llama_model_loader's create_tensor flags
 TENSOR_NOT_REQUIRED, TENSOR_DUPLICATED = 1, 2
+
+# the array element types get_arr reads at all (others: "is not a string/float32/uint32/int32/uint64 array")
+_ARRAY_ELEM_TYPES = (BOOL, UINT32, INT32, UINT64, FLOAT32, STRING)
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,8 @@ class ModelLoader:
             self.tensors[t.name] = t
 
     def fail(self, reason: str):
-        raise UnsupportedModel(f"{self.header.path}: {reason}")
+        # names and values from the file may hold anything: one line, of a readable length
+        raise UnsupportedModel(f"{self.header.path}: {shown(reason, 1000)}")
 
     def key(self, kv: str) -> str:
         """LLM_KV: '%s.block_count' with the architecture's name."""
@@ -102,17 +106,24 @@ class ModelLoader:
             return (self._typed(key, UINT32),) * n
         if len(value) != n:
             self.fail(f"key {key} has wrong array length; expected {n}, got {len(value)}")
-        return self.get_arr(kv, (UINT32, INT32))
+        return self.get_arr(kv, (BOOL, UINT32, INT32))
 
     def get_arr(self, kv: str, elem_types: tuple[int, ...], n_max: int = LLAMA_MAX_LAYERS) -> tuple:
-        """get_arr into a std::array<T, n_max>: the element type must match and the length is bounded."""
+        """get_arr into a std::array<T, n_max> of 32-bit integers (elem_types: the element types
+        T accepts): the element type must match and the length is bounded; values are read as
+        uint32_t (bools as 0 or 1, int32 bit patterns as unsigned)."""
         key = self.key(kv)
         elem = self.header.kv_types[key][1]
+        if elem not in _ARRAY_ELEM_TYPES:
+            self.fail(f"{key} is not a string/float32/uint32/int32/uint64 array "
+                      f"(its elements are {_type_name(elem, None)})")
         if elem not in elem_types:
             self.fail(f"{key} has wrong array element type {_type_name(elem, None)}")
         value = self.header.get(key)
         if len(value) > n_max:
             self.fail(f"array length {len(value)} for key {key} exceeds max {n_max}")
+        if elem in (BOOL, INT32):
+            return tuple(int(v) & 0xFFFFFFFF for v in value)
         return tuple(value)
 
     def n_tokens(self) -> int:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import functools
+import re
+import struct
 from typing import Callable
 
 import click
@@ -12,16 +14,78 @@ from ..planner.params import KV_TYPES, Params
 
 
 
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+LLAMA_MAX_DEVICES = 16              # llama_max_devices()
+FLT_MIN = 1.1754943508222875e-38    # the smallest normal float: below it strtof reports ERANGE
+
+# What std::stoi / std::stof read in full (ASCII digits, C float syntax). They also accept a valid
+# prefix ("12abc" is 12, "1_000" is 1): schedplan refuses those instead of guessing.
+_C_INT = re.compile(r"\s*[+-]?[0-9]+\s*")
+_C_FLOAT = re.compile(r"\s*[+-]?(inf(inity)?|nan|0x([0-9a-f]+\.?[0-9a-f]*|\.[0-9a-f]+)(p[+-]?[0-9]+)?"
+                      r"|([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?)\s*", re.IGNORECASE)
+
+
+class Int32(click.ParamType):
+    """An integer flag that llama.cpp's common/arg.cpp reads with std::stoi into an int: a value
+    outside 32 bits (or outside [min, max]) is one line, not a number llama.cpp never sees."""
+    name = "integer"
+
+    def __init__(self, min: int = INT32_MIN, max: int = INT32_MAX):
+        self.min, self.max = min, max
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int):
+            n = value
+        elif isinstance(value, str) and _C_INT.fullmatch(value):
+            n = int(value)
+        else:
+            self.fail(f"{value!r} is not an integer", param, ctx)
+        if not INT32_MIN <= n <= INT32_MAX:
+            self.fail(f"{n} does not fit the 32-bit int llama.cpp reads it into (std::stoi: "
+                      f"{INT32_MIN}..{INT32_MAX})", param, ctx)
+        if not self.min <= n <= self.max:
+            self.fail(f"{n} is not in the range {self.min}..{self.max}", param, ctx)
+        return n
+
+    def __repr__(self) -> str:
+        return f"Int32({self.min}, {self.max})"
+
+
+def _stof(text: str) -> float:
+    """std::stof of a whole number: C float syntax (nan and inf included), refused where stof
+    throws out_of_range (beyond the float range, or below the smallest normal float)."""
+    if not _C_FLOAT.fullmatch(text):
+        raise ValueError(f"{text!r} is not a number")
+    t = text.strip().lower()
+    sign = -1.0 if t.startswith("-") else 1.0
+    body = t.lstrip("+-")
+    x = sign * (float.fromhex(body) if body.startswith("0x") else float(body))
+    try:
+        f = struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        raise ValueError(f"{text.strip()} is out of the range of a float") from None
+    if f != 0.0 and abs(f) < FLT_MIN or f == 0.0 and x != 0.0:
+        raise ValueError(f"{text.strip()} is out of the range of a float (below {FLT_MIN:g})")
+    return f
+
+
 def _parse_tensor_split(value: str | None) -> tuple[float, ...]:
+    """-ts as common/arg.cpp reads it: split on runs of ',' and '/', at most LLAMA_MAX_DEVICES - 1
+    proportions, each a float (std::stof)."""
     if not value:
         return ()
+    parts = re.split(r"[,/]+", value)
+    if len(parts) > 1 and parts[-1] == "":
+        parts.pop()                          # std::sregex_token_iterator drops an empty last field
+    if len(parts) >= LLAMA_MAX_DEVICES:
+        raise click.BadParameter(f"got {len(parts)} proportions, but llama.cpp allows at most "
+                                 f"{LLAMA_MAX_DEVICES - 1} (llama_max_devices() is {LLAMA_MAX_DEVICES})",
+                                 param_hint="'-ts' / '--tensor-split'")
     try:
-        return tuple(float(x) for x in value.replace("/", ",").split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected numbers separated by ',' or '/', got {value!r}")
-
-
-INT32_MAX = 2**31 - 1
+        return tuple(_stof(x) for x in parts)
+    except ValueError as e:
+        raise click.BadParameter(f"{e}; expected numbers separated by ',' or '/', got {value!r}",
+                                 param_hint="'-ts' / '--tensor-split'") from None
 
 # common.h: the patterns --cpu-moe / --n-cpu-moe / --n-cpu-ffn add as tensor overrides to the CPU
 LLM_FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -73,13 +137,13 @@ def _check_devices(ctx: click.Context, param: click.Parameter, values: tuple[str
 def plan_options(func: Callable) -> Callable:
     """Add llama.cpp's context and model flags; the command receives `params: Params`."""
     options = [
-        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("-c", "--ctx-size", "n_ctx", type=Int32(min=0), default=0, show_default=True,
                      help="Context size; 0 = the model's training context."),
-        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048, show_default=True,
+        click.option("-b", "--batch-size", "n_batch", type=Int32(min=1), default=2048, show_default=True,
                      help="Logical batch size."),
-        click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), default=512, show_default=True,
+        click.option("-ub", "--ubatch-size", "n_ubatch", type=Int32(min=1), default=512, show_default=True,
                      help="Physical batch size: the pp graph is built for this many tokens."),
-        click.option("-np", "--parallel", "n_seq_max", type=click.IntRange(min=1, max=256), default=1,
+        click.option("-np", "--parallel", "n_seq_max", type=Int32(min=1, max=256), default=1,
                      show_default=True, help="Number of sequences (slots)."),
         click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["on", "off", "auto"]), default="auto",
                      show_default=True, help="Flash attention."),
@@ -90,11 +154,11 @@ def plan_options(func: Callable) -> Callable:
         click.option("-kvu", "--kv-unified", "kv_unified", is_flag=True,
                      help="One KV buffer shared by all sequences."),
         click.option("--swa-full", "swa_full", is_flag=True, help="Full-size SWA cache."),
-        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=-1, show_default=True,
+        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=Int32(), default=-1, show_default=True,
                      help="Layers to offload to devices; -1 = all (the output layer counts as one)."),
         click.option("-sm", "--split-mode", "split_mode", type=click.Choice(["none", "layer", "row"]),
                      default="layer", show_default=True, help="How to split the model across devices."),
-        click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("-mg", "--main-gpu", "main_gpu", type=Int32(min=0), default=0, show_default=True,
                      help="Device for the whole model with -sm none."),
         click.option("-ts", "--tensor-split", "tensor_split", default=None,
                      help="Proportions of the model per device, e.g. 3,1."),
@@ -108,10 +172,10 @@ def plan_options(func: Callable) -> Callable:
                      "with -cmoe/-ncmoe/-ncffn, the first matching pattern in command-line order wins)."),
         click.option("-cmoe", "--cpu-moe", "cpu_moe", is_flag=True, callback=_add_cpu_moe,
                      help="Keep all mixture-of-experts weights on the CPU (-ot with llama.cpp's expert pattern)."),
-        click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=click.IntRange(min=0, max=INT32_MAX), default=0,
+        click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=Int32(min=0), default=0,
                      callback=_add_n_cpu(LLM_FFN_EXPS_REGEX), metavar="N",
                      help="Keep the expert weights of the first N layers on the CPU."),
-        click.option("-ncffn", "--n-cpu-ffn", "n_cpu_ffn", type=click.IntRange(min=0, max=INT32_MAX), default=0,
+        click.option("-ncffn", "--n-cpu-ffn", "n_cpu_ffn", type=Int32(min=0), default=0,
                      callback=_add_n_cpu(LLM_FFN_DENSE_REGEX), metavar="N",
                      help="Keep the dense FFN weights of the first N layers on the CPU."),
         click.option("--rpc", "rpc", multiple=True, metavar="HOST:PORT",

@@ -19,6 +19,7 @@ TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000).
 from __future__ import annotations
 
 import bisect
+import math
 import re
 import struct
 from dataclasses import dataclass
@@ -199,7 +200,7 @@ def _layer_assignment(params: Params, n_layer: int, n_gpu_layers: int, devices: 
                              "RPC servers and --device devices")
         splits = [float(m) for m in known] if known else [1.0] * n_devices
     points = [_f32(p) for p in accumulate(_f32(x) for x in splits)] if splits else []   # float math, as in C
-    points = [_f32(p / points[-1]) for p in points]
+    points = [_f32(_fdiv(p, points[-1])) for p in points]
     i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)
     act_gpu_layers = 0 if not devices else min(n_gpu_layers, n_layer + 1)
 
@@ -207,14 +208,29 @@ def _layer_assignment(params: Params, n_layer: int, n_gpu_layers: int, devices: 
         if il < i_gpu_start or (il - i_gpu_start) >= act_gpu_layers:
             return cpu_backend
         # std::upper_bound over the float split points, as float(il - i_gpu_start)/act_gpu_layers
-        return devices[bisect.bisect_right(points, _f32((il - i_gpu_start) / act_gpu_layers))]
+        i = bisect.bisect_right(points, _f32((il - i_gpu_start) / act_gpu_layers))
+        if i >= n_devices:      # NaN or infinite -ts proportions: devices.at() throws std::out_of_range
+            raise BadDevices(f"-ts {','.join(f'{x:g}' for x in params.tensor_split)}: layer {il} falls past the last "
+                             f"split point ({', '.join(f'{p:g}' for p in points)}); llama.cpp would fail to load "
+                             f"the model (devices.at({i}) is out of range)")
+        return devices[i]
 
     return layer_of
 
 
 def _f32(x: float) -> float:
-    """Round to a C float."""
-    return struct.unpack("f", struct.pack("f", x))[0]
+    """Round to a C float (beyond its range: an infinity, as a C cast gives)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _fdiv(a: float, b: float) -> float:
+    """a / b as C floats divide: by zero, an infinity or NaN (Python raises)."""
+    if b == 0.0:
+        return math.nan if a == 0.0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1.0, b)
+    return a / b
 
 
 # --- weights ----------------------------------------------------------------------------------------

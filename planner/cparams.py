@@ -8,6 +8,7 @@ from .hparams import HParams
 from .params import Params
 
 LLAMA_MAX_SEQ = 256
+UINT32_MAX = 2**32 - 1
 
 
 class BadParams(Exception):
@@ -37,7 +38,15 @@ class CParams:
     swa_full: bool
 
 
+def pad_u32(x: int, n: int) -> int:
+    """GGML_PAD of a uint32_t: past 2^32 it wraps, as in C."""
+    return pad(x, n) & UINT32_MAX
+
+
 def derive_cparams(params: Params, hp: HParams) -> CParams:
+    if params.n_ctx == 0 and hp.n_ctx_train == 0:   # llama_init_from_model
+        raise BadParams("-c 0 takes the model's training context, which is 0: llama.cpp refuses the context "
+                        "(n_ctx and n_ctx_train cannot both be zero)")
     if params.n_seq_max > LLAMA_MAX_SEQ:
         raise BadParams(f"-np {params.n_seq_max}: llama.cpp allows at most {LLAMA_MAX_SEQ} sequences (n_seq_max)")
     n_seq_max = max(1, params.n_seq_max)
@@ -45,14 +54,20 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
     n_batch = min(n_ctx, params.n_batch) if hp.causal_attn else params.n_batch
     n_ubatch = min(n_batch, params.n_batch if params.n_ubatch == 0 else params.n_ubatch)
     n_outputs_max = n_batch  # params.n_outputs_max == 0
-    n_ctx = pad(n_ctx, 256)
+    asked = f"-c {params.n_ctx}" + (f" (the training context, {hp.n_ctx_train})" if params.n_ctx == 0 else "")
+    n_ctx = pad_u32(n_ctx, 256)                     # cparams.n_ctx is a uint32_t
     if params.kv_unified:
         n_ctx_seq = n_ctx
+        if n_ctx == 0:   # a KV cache of 0 cells: no buffer to allocate
+            raise BadParams(f"{asked} rounds up to a multiple of 256 past 2^32, to 0 in llama.cpp's 32-bit n_ctx: "
+                            f"llama.cpp would fail to create the context (failed to allocate buffer for kv cache)")
     else:
-        n_ctx_seq = pad(n_ctx // n_seq_max, 256)
+        n_ctx_seq = pad_u32(n_ctx // n_seq_max, 256)
         if n_ctx_seq == 0:
-            raise BadParams(f"empty context per sequence (n_ctx_seq == 0): -c {params.n_ctx} over -np {n_seq_max}")
-        n_ctx = n_ctx_seq * n_seq_max
+            raise BadParams(f"empty context per sequence (n_ctx_seq == 0): {asked} over -np {n_seq_max}"
+                            + (", rounded up to a multiple of 256 past 2^32 (0 in llama.cpp's 32-bit n_ctx)"
+                               if n_ctx == 0 else ""))
+        n_ctx = (n_ctx_seq * n_seq_max) & UINT32_MAX
     type_k = ggml.type_by_name(params.type_k)
     type_v = ggml.type_by_name(params.type_v)
     flash_attn = params.flash_attn

@@ -242,14 +242,9 @@ class GraphContext:
         if type_op in (LLM_FFN_SWIGLU, LLM_FFN_GEGLU):
             cur = ggml.glu(cur, ggml.GLU_SWIGLU if type_op == LLM_FFN_SWIGLU else ggml.GLU_GEGLU)
             self.cb(cur, f"ffn_{type_op.lower()}", il)
-        elif gate is not None and type_gate == LLM_FFN_PAR:
-            glu, name = {LLM_FFN_SILU: (ggml.GLU_SWIGLU, "ffn_swiglu"), LLM_FFN_GELU: (ggml.GLU_GEGLU, "ffn_geglu"),
-                         LLM_FFN_RELU: (ggml.GLU_REGLU, "ffn_reglu")}[type_op]
-            cur = ggml.glu_split(cur, tmp, glu)
-            self.cb(cur, name, il)
         else:
-            cur = ggml.unary(cur, type_op)
-            self.cb(cur, f"ffn_{type_op.lower()}", il)
+            cur = self.build_ffn_act(cur, tmp if gate is not None and type_gate == LLM_FFN_PAR else None, type_op,
+                                     "ffn", il)
         if down is not None:
             cur = self.build_lora_mm(down, cur)
         if down_b is not None:
@@ -338,14 +333,8 @@ class GraphContext:
         if type_op == LLM_FFN_SWIGLU_OAI_MOE:
             cur = ggml.glu_split(cur, up, ggml.GLU_SWIGLU_OAI)
             self.cb(cur, "ffn_moe_swiglu_oai", il)
-        elif has_gate:
-            glu, name = {LLM_FFN_SILU: (ggml.GLU_SWIGLU, "ffn_moe_swiglu"), LLM_FFN_GELU: (ggml.GLU_GEGLU, "ffn_moe_geglu"),
-                         LLM_FFN_RELU: (ggml.GLU_REGLU, "ffn_moe_reglu")}[type_op]
-            cur = ggml.glu_split(cur, up, glu)
-            self.cb(cur, name, il)
         else:
-            cur = ggml.unary(cur, type_op)
-            self.cb(cur, f"ffn_moe_{type_op.lower()}", il)
+            cur = self.build_ffn_act(cur, up if has_gate else None, type_op, "ffn_moe", il)
 
         experts = ggml.mul_mat_id(down_exps, cur, selected)
         self.cb(experts, "ffn_moe_down", il)
@@ -387,6 +376,19 @@ class GraphContext:
         masked = ggml.reshape(masked, n_expert, n_tokens)
         self.cb(masked, "ffn_moe_probs_masked", il)
         return masked
+
+    def build_ffn_act(self, cur: Tensor, up: Optional[Tensor], type_op: str, prefix: str, il: int) -> Tensor:
+        """The activation build_ffn and build_moe_ffn share: with a gate, the GLU of gate and up
+        (swiglu, geglu, reglu); without, the unary op itself (silu, gelu, relu)."""
+        if up is not None:
+            glu, name = {LLM_FFN_SILU: (ggml.GLU_SWIGLU, "swiglu"), LLM_FFN_GELU: (ggml.GLU_GEGLU, "geglu"),
+                         LLM_FFN_RELU: (ggml.GLU_REGLU, "reglu")}[type_op]
+            cur = ggml.glu_split(cur, up, glu)
+            self.cb(cur, f"{prefix}_{name}", il)
+        else:
+            cur = ggml.unary(cur, type_op)
+            self.cb(cur, f"{prefix}_{type_op.lower()}", il)
+        return cur
 
     # --- attention -------------------------------------------------------------------------------
 

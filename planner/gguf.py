@@ -79,7 +79,7 @@ def shown(s: str, limit: int = 80) -> str:
     return f"{head}... ({len(s)} characters)" if len(s) > limit else head
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)      # slots: a file may hold hundreds of thousands of them
 class TensorInfo:
     name: str
     ne: tuple[int, ...]      # ggml order (ne0 first), n_dims entries, as stored

@@ -1,0 +1,242 @@
+"""Hostile headers and flags: whatever the file or the command line holds, `schedplan reserve`
+ends in a plan (exit 0) or in one "error:" line (exit 2), never a traceback, a MemoryError or a hang.
+
+- test_hostile_header: Hypothesis damages the header-only fixture of every supported architecture
+  (fixtures/fuzz.py: boundary values, changed types, array counts and element types, tensor infos,
+  removed and added keys, bit flips, cuts, hostile flag values) and plans it through the CLI entry
+  point in a worker process under an address-space limit and a time limit per case. About 25
+  examples per fixture here (SCHEDPLAN_FUZZ_EXAMPLES changes it; derandomized, so the run is the
+  same every time unless SCHEDPLAN_FUZZ_SEED is set); the long run is `python fixtures/fuzz.py
+  --cases 10000`, recorded in fixtures/fuzz-run.txt.
+- the regression cases below pin what the fuzzer found, with the refusal's wording.
+"""
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from fixtures.fuzz import (ARR, BOOL, F32, I32, KV, PLAN_FLAGS, STR, U32, Case, Draw, Header, Outcome, Worker,
+                           classify, fuzz_fixtures, make_case, scalar, string_payload)
+from fixtures.make_gguf import header_path
+from schedplan.cli.main import cli
+from schedplan.planner.models import SUPPORTED_ARCHS
+
+from test_cli import assert_cli_error
+
+FIXTURES = fuzz_fixtures()
+EXAMPLES = int(os.environ.get("SCHEDPLAN_FUZZ_EXAMPLES", "25"))
+SEED = os.environ.get("SCHEDPLAN_FUZZ_SEED")
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker() as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def bases() -> dict[str, Header]:
+    return {name: Header.parse(header_path(name).read_bytes()) for name in FIXTURES}
+
+
+def test_every_supported_architecture_has_a_fixture_to_damage():
+    missing = set(SUPPORTED_ARCHS) - set(FIXTURES.values())
+    assert not missing, f"no fixtures/models/tiny-*.json for {sorted(missing)}: the fuzz test needs one"
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_header_fields_write_back_the_same_bytes(name):
+    data = header_path(name).read_bytes()
+    assert Header.parse(data).to_bytes() == data
+
+
+def test_the_flag_sets_reach_the_planner(worker, bases):
+    """Undamaged, every fixture plans with the default flags, and every flag set cases draw from
+    plans at least one fixture (a configuration the planner does not model yet may be refused)."""
+    planned = {i: [] for i in range(len(PLAN_FLAGS))}
+    for name, base in bases.items():
+        for i, flags in enumerate(PLAN_FLAGS):
+            out = worker.run(Case(name, "none", "", base.to_bytes(), list(flags)))
+            assert out.ok, (name, flags, out.detail)
+            if out.outcome == "plan":
+                planned[i].append(name)
+            else:
+                assert flags, (name, out.detail)
+    assert all(planned.values()), [PLAN_FLAGS[i] for i, names in planned.items() if not names]
+
+
+def _settings(test):
+    test = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=SEED is None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(test)
+    return seed(int(SEED))(test) if SEED is not None else test
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+@_settings
+@given(data=st.data())
+def test_hostile_header(worker, bases, name, data):
+    case = make_case(Draw(data), name, bases[name])
+    out = worker.run(case)
+    assert out.ok, (f"{out.outcome} after {case.kind} ({case.what}) of {name}:\n  {case.command()}\n"
+                    f"{out.detail}")
+
+
+# --- the worker and the verdicts ---------------------------------------------------------------------
+
+class _Result:
+    def __init__(self, exit_code=0, stdout="", stderr="", exception=None):
+        self.exit_code, self.stdout, self.stderr, self.exception = exit_code, stdout, stderr, exception
+        self.exc_info = (type(exception), exception, None) if exception else None
+
+
+@pytest.mark.parametrize("result,verdict", [
+    (_Result(0, "table\n"), "plan"),
+    (_Result(2, "", "error: x.gguf: truncated file\n", SystemExit(2)), "refusal"),
+    (_Result(2, "", "error: one\nerror: two\n", SystemExit(2)), "bad_output"),
+    (_Result(2, "", "error: " + "x" * 3000 + "\n", SystemExit(2)), "bad_output"),
+    (_Result(2, "half a table", "error: x\n", SystemExit(2)), "bad_output"),
+    (_Result(1, "", "", ZeroDivisionError("float division by zero")), "traceback"),
+    (_Result(1, "", "", MemoryError()), "memory_error"),
+    (_Result(1, "", "Aborted\n", SystemExit(1)), "bad_output"),
+])
+def test_classify(result, verdict):
+    assert classify(result)[0] == verdict
+
+
+def test_worker_reports_a_case_out_of_time_and_goes_on(bases):
+    name = "tiny-llama"
+    case = Case(name, "none", "", bases[name].to_bytes(), [])
+    with Worker(case_seconds=0.000001) as w:
+        out = w.run(case)
+        assert out.outcome == "timeout" and not out.ok
+        w.case_seconds = 10.0
+        assert w.run(case).outcome == "plan"     # a fresh worker after the failure
+
+
+def test_worker_runs_under_the_address_space_limit():
+    with Worker(address_space=1234 * 1024 * 1024) as w:
+        limits = open(f"/proc/{w.proc.pid}/limits").read()
+    line = next(x for x in limits.splitlines() if x.startswith("Max address space"))
+    assert line.split()[3:5] == [str(1234 * 1024 * 1024)] * 2, line
+
+
+# --- what the fuzzer found, pinned ---------------------------------------------------------------------
+
+def _damaged(tmp_path, name: str, changes: dict, drop=()) -> str:
+    """The fixture with keys set (key -> (gguf type, value); arrays: (ARR, (elem type, [values])))."""
+    h = Header.parse(header_path(name).read_bytes())
+    for key in drop:
+        h.kvs.remove(h.find(key.encode()))
+    for key, (vtype, value) in changes.items():
+        kv = h.find(key.encode())
+        if kv is None:
+            kv = KV(key.encode(), vtype, b"")
+            h.kvs.append(kv)
+        kv.vtype = vtype
+        if vtype == ARR:
+            kv.etype, values = value
+            kv.count = len(values)
+            kv.payload = b"".join(scalar(kv.etype, v) for v in values)
+        elif vtype == STR:
+            kv.payload = string_payload(value)
+        else:
+            kv.payload = scalar(vtype, value)
+    path = tmp_path / f"{name}.gguf"
+    path.write_bytes(h.to_bytes())
+    return str(path)
+
+
+def reserve(*args):
+    return CliRunner().invoke(cli, ["reserve", *map(str, args)])
+
+
+@pytest.mark.parametrize("name,changes,args,needles", [
+    # a zero head count: gemma's 1/sqrt(head size) is inf in llama.cpp, a ZeroDivisionError in Python
+    ("tiny-gemma2", {"gemma2.attention.head_count": (U32, 0)}, (), ("head_count is 0",)),
+    ("tiny-gemma3", {"gemma3.attention.key_length": (U32, 0)}, (), ("head size", "is 0")),
+    ("tiny-gemma3", {"gemma3.attention.key_length_swa": (U32, 0)}, (), ("head size", "is 0")),
+    # per-layer arrays are uint32_t in llama.cpp: int32 -1 is 4294967295, bools are 0 or 1
+    ("tiny-llama", {"llama.attention.head_count_kv": (ARR, (I32, [-1, -1]))}, (), ("head_count_kv is 4294967295",)),
+    ("tiny-llama", {"llama.attention.head_count_kv": (ARR, (BOOL, [1, 1]))}, (), ("attn_k.weight' has wrong shape",)),
+    ("tiny-llama", {"llama.attention.head_count": (ARR, (F32, [4.0, 4.0]))}, (), ("wrong array element type f32",)),
+    # n_ctx is a uint32_t: the training context pads past 2^32 to 0
+    ("tiny-llama", {"llama.context_length": (U32, 2**32 - 1)}, (), ("n_ctx_seq == 0", "4294967295", "2^32")),
+    ("tiny-llama", {"llama.context_length": (U32, 2**32 - 1)}, ("-kvu",), ("failed to allocate buffer for kv cache",)),
+    ("tiny-llama", {"llama.context_length": (U32, 0)}, (), ("cannot both be zero",)),
+    # names and values from the file stay on the line
+    ("tiny-llama", {"general.architecture": (STR, b"lla\nma\x00" + b"x" * 5000)}, (), ("lla\\nma\\x00", "characters")),
+    ("tiny-llama", {"llama.rope.scaling.type": (STR, b"y" * 10**6)}, (), ("rope.scaling.type", "1000000 characters")),
+])
+def test_hostile_values_are_one_line(tmp_path, name, changes, args, needles):
+    assert_cli_error(reserve(_damaged(tmp_path, name, changes), *args), *needles)
+
+
+def test_a_key_with_a_newline_is_one_line(tmp_path):
+    h = Header.parse(header_path("tiny-llama").read_bytes())
+    h.kvs.append(replace_key(h.find(b"llama.block_count"), b"llama.block\ncount"))
+    h.kvs.append(replace_key(h.find(b"llama.block_count"), b"llama.block\ncount"))
+    path = tmp_path / "nl.gguf"
+    path.write_bytes(h.to_bytes())
+    assert_cli_error(reserve(path), "duplicate key 'llama.block\\ncount'")
+
+
+def replace_key(kv: KV, key: bytes) -> KV:
+    return KV(key, kv.vtype, kv.payload, kv.etype, kv.count)
+
+
+TINY = header_path("tiny-llama")
+CUDA = ("--device", "cuda:8GiB:cc=8.9")
+
+
+@pytest.mark.parametrize("args,needles", [
+    # values llama.cpp reads into a 32-bit int (std::stoi)
+    (("-c", "1000000000000"), ("-c", "1000000000000", "32-bit")),
+    (("-c", "2147483648"), ("2147483648", "32-bit")),
+    (("-b", "4294967296"), ("-b", "32-bit")),
+    (("-ub", "99999999999999999999999"), ("-ub", "32-bit")),
+    (("-ngl", "2147483648"), ("-ngl", "32-bit")),
+    (("-ngl", "-2147483649"), ("-ngl", "32-bit")),
+    (("-mg", "4294967295"), ("-mg", "32-bit")),
+    (("-ncmoe", "2147483648"), ("-ncmoe", "32-bit")),
+    (("-np", "257"), ("257", "1..256")),
+    (("-c", "1_000"), ("'1_000' is not an integer",)),
+    (("-c", "12abc"), ("'12abc' is not an integer",)),
+    (("-c", "\u0663"), ("is not an integer",)),
+    # -ts as common/arg.cpp reads it
+    (("-ts", ",".join(["1"] * 16)), ("16 proportions", "at most 15")),
+    (("-ts", "1e39", *CUDA), ("1e39", "out of the range of a float")),
+    (("-ts", "1e-40", *CUDA), ("1e-40", "out of the range of a float")),
+    (("-ts", "abc", *CUDA), ("'abc' is not a number",)),
+    (("-ts", "nan", *CUDA), ("-ts nan", "devices.at(1) is out of range")),
+    (("-ts", "1,-1", *CUDA, *CUDA), ("-ts 1,-1", "llama.cpp would fail to load")),
+    (("-ts", "inf,1", *CUDA, *CUDA), ("llama.cpp would fail to load",)),
+])
+def test_hostile_flags_are_one_line(args, needles):
+    assert_cli_error(reserve(TINY, *args), *needles)
+
+
+@pytest.mark.parametrize("args", [
+    ("-c", "2147483647"), ("-c", " 512 "), ("-c", "+512"), ("-ngl", "-2147483648"),
+    ("-ts", "3,,1", *CUDA, *CUDA), ("-ts", "3/1/", *CUDA, *CUDA), ("-ts", "0x1p1,1", *CUDA, *CUDA),
+    ("-ts", "nan"),                         # no device: the split points are never looked at
+])
+def test_edge_flags_that_llama_cpp_accepts_plan(args):
+    res = reserve(TINY, *args)
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("path", ["afile/x.gguf", "a" * 5000])
+def test_unopenable_paths_are_one_line(tmp_path, path):
+    (tmp_path / "afile").write_bytes(b"")
+    assert_cli_error(reserve(tmp_path / path))
+
+
+def test_symlink_loop_is_one_line(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert_cli_error(reserve(tmp_path / "a"), "symbolic links")

@@ -265,7 +265,8 @@ _FA_RE = re.compile(r"resolve_fused_ops: Flash Attention (enabled|not supported,
 _COMPUTE_RE = re.compile(r"^sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB", re.M)
 _OUTPUT_RE = re.compile(r"^llama_context:\s+(\S+)  output buffer size =\s+([\d.]+) MiB", re.M)
 _MODEL_RE = re.compile(r"^load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", re.M)
-_KV_RE = re.compile(r"^llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB", re.M)
+# the context's memory: KV cache buffers and recurrent state (RS) buffers, both in llama_memory's breakdown
+_KV_RE = re.compile(r"^(?:llama_kv_cache:\s+(\S+) KV|llama_memory_recurrent:\s+(\S+) RS) buffer size =\s+([\d.]+) MiB", re.M)
 _KV_TYPES_RE = re.compile(r"^llama_kv_cache: size = .*, K \((\w+)\):.*, V \((\w+)\):", re.M)
 
 
@@ -286,8 +287,9 @@ def parse_log(text: str) -> dict:
     out["sched_copies"] = int(m.group(1)) if m else None
     m = _FA_RE.search(text)
     out["fa_probe"] = None if not m else m.group(1) == "enabled"
-    for key, rx in (("compute", _COMPUTE_RE), ("output", _OUTPUT_RE), ("model", _MODEL_RE), ("kv", _KV_RE)):
+    for key, rx in (("compute", _COMPUTE_RE), ("output", _OUTPUT_RE), ("model", _MODEL_RE)):
         out[key] = [(name, mib) for name, mib in rx.findall(text)]
+    out["kv"] = [(kv_name or rs_name, mib) for kv_name, rs_name, mib in _KV_RE.findall(text)]
     m = _KV_TYPES_RE.search(text)
     out["kv_types"] = m.groups() if m else None
     return out

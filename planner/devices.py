@@ -257,6 +257,16 @@ def weight_probe(weight: Tensor, op: str, hp: HParams) -> Tensor:
         return ggml.div(ggml.new_tensor(ggml.T.F32, weight.ne[0]), weight)
     if op == "SCALE":
         return ggml.scale(weight, 1.0)
+    if op == "SSM_CONV":
+        return ggml.ssm_conv(ggml.new_tensor(ggml.T.F32, weight.ne[0] - 1 + 512, weight.ne[1], 3), weight)
+    if op == "SSM_SCAN":   # w is ssm_a: [1, n_head] for Mamba-2, [d_state, n_head] for Mamba-1
+        d_state = hp.ssm_d_state if weight.ne[0] == 1 else weight.ne[0]
+        n_head = weight.ne[1]
+        head_dim, n_group = hp.ssm_d_inner // n_head, hp.ssm_n_group or 1
+        f32 = ggml.T.F32
+        return ggml.ssm_scan(ggml.new_tensor(f32, d_state, head_dim, n_head, 3), ggml.new_tensor(f32, head_dim, n_head, 512, 3),
+                             ggml.new_tensor(f32, n_head, 512, 3), weight, ggml.new_tensor(f32, d_state, n_group, 512, 3),
+                             ggml.new_tensor(f32, d_state, n_group, 512, 3), ggml.new_tensor(ggml.T.I32, 3), 1)
     if op != "ROPE":
         raise NotImplementedError(f"no weight_buft_supported probe for a weight used by {op}")
     a = ggml.new_tensor(ggml.T.F32, hp.n_embd_head_v(), hp.n_head(), 512)

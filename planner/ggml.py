@@ -258,6 +258,17 @@ def cast(a: Tensor, type_: int) -> Tensor:
     return _op(r, "CPY", [a, r])
 
 
+def cpy(a: Tensor, b: Tensor) -> Tensor:
+    """ggml_cpy_impl: a view of the destination b, named after both."""
+    r = view_tensor(b)
+    r.name = _fmt(f"{b.name} (copy of {a.name})" if b.name else f"{a.name} (copy)")
+    return _op(r, "CPY", [a, b])
+
+
+def repeat_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
+    return _op(new_tensor(a.type, ne0, ne1, ne2, ne3), "REPEAT", [a])
+
+
 def get_rows(a: Tensor, b: Tensor) -> Tensor:
     t = a.type if a.type == T.I32 else T.F32
     return _op(new_tensor(t, a.ne[0], b.ne[0], b.ne[1], b.ne[2]), "GET_ROWS", [a, b])
@@ -298,7 +309,7 @@ def norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
 
 
 # enum ggml_unary_op, for the ones schedplan builds
-UNARY_OPS = {"TANH": 4, "RELU": 6, "SIGMOID": 7, "GELU": 8, "SILU": 10}
+UNARY_OPS = {"TANH": 4, "RELU": 6, "SIGMOID": 7, "GELU": 8, "SILU": 10, "EXP": 13, "SOFTPLUS": 15}
 
 
 def unary(a: Tensor, unary_op: str) -> Tensor:
@@ -309,6 +320,12 @@ def unary(a: Tensor, unary_op: str) -> Tensor:
 def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int, n_ctx_orig: int,
              inplace: bool = False) -> Tensor:
     return _unary_like("ROPE", a, [a, pos, freq_factors], (0, n_dims, mode, 0, n_ctx_orig), inplace)
+
+
+def rope_multi(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, sections: tuple[int, ...],
+               mode: int, n_ctx_orig: int) -> Tensor:
+    """ggml_rope_multi: ggml_rope_impl with the M-RoPE sections in op_params[11..14]."""
+    return _unary_like("ROPE", a, [a, pos, freq_factors], (0, n_dims, mode, 0, n_ctx_orig, *sections))
 
 
 def soft_max_ext(a: Tensor, mask: Tensor | None, scale_: float, max_bias: float) -> Tensor:
@@ -359,6 +376,25 @@ def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
 
 def add_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
     return _op(dup_tensor(a), "ADD_ID", [a, b, ids])
+
+
+def ssm_conv(sx: Tensor, c: Tensor) -> Tensor:
+    """ggml_ssm_conv: [d_inner, tokens per sequence, sequences] from the padded input sx."""
+    n_t = sx.ne[0] - c.ne[0] + 1
+    return _op(new_tensor(T.F32, c.ne[1], n_t, sx.ne[2]), "SSM_CONV", [sx, c])
+
+
+def ssm_scan(s: Tensor, x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, ids: Tensor, k: int) -> Tensor:
+    """ggml_ssm_scan: y and the K final states, concatenated in one 1-D result."""
+    n = x.nelements() + k * s.ne[0] * s.ne[1] * s.ne[2] * ids.ne[0]
+    return _op(new_tensor(T.F32, n), "SSM_SCAN", [s, x, dt, a, b, c, ids], (k,))
+
+
+def gated_delta_net(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, k_slots: int) -> Tensor:
+    """ggml_gated_delta_net: rows of outputs for every token, then K state snapshots per sequence."""
+    s_v, h, n_tokens, n_seqs = v.ne
+    r = new_tensor(T.F32, s_v * h, n_tokens * n_seqs + k_slots * s_v * n_seqs)
+    return _op(r, "GATED_DELTA_NET", [q, k, v, g, beta, state], (k_slots,))
 
 
 # enum ggml_glu_op

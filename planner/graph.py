@@ -14,6 +14,7 @@ from .cparams import CParams
 from .ggml import Cgraph, Tensor
 from .kv_cache import KVCache
 from .kv_cache_iswa import KVCacheISWA
+from .memory_recurrent import MemoryHybrid, MemoryRecurrent
 from .model import Model
 
 
@@ -58,6 +59,23 @@ class AttnInputK:
     kq_mask: Tensor
 
 
+@dataclass
+class RSInput:
+    """llm_graph_input_rs: which cells' states each sequence reads (s_copy, split into the
+    sequences' rows and the extra ones)"""
+    mem: MemoryRecurrent
+    s_copy: Tensor
+    s_copy_main: Tensor
+    s_copy_extra: Tensor
+
+
+@dataclass
+class MemHybridInput:
+    """llm_graph_input_mem_hybrid"""
+    attn: AttnInput
+    rs: RSInput
+
+
 # llm_norm_type, llm_ffn_op_type, llm_ffn_gate_type
 LLM_NORM, LLM_NORM_RMS = "NORM", "RMS_NORM"
 LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU = "SILU", "GELU", "RELU"
@@ -73,7 +91,7 @@ LLM_FFN_SEQ, LLM_FFN_PAR = "SEQ", "PAR"
 class GraphContext:
     model: Model
     cparams: CParams
-    kv: Union[KVCache, KVCacheISWA]
+    kv: Union[KVCache, KVCacheISWA, MemoryRecurrent, MemoryHybrid]
     ubatch: Ubatch
     # graph_get_cb's backend pinning: pin(tensor, il) for "norm" and "l_last" (llama-context.cpp:2635)
     pin: Callable[[Tensor, int], None]
@@ -113,7 +131,7 @@ class GraphContext:
         return cur
 
     def build_inp_pos(self) -> Tensor:
-        cur = ggml.new_tensor(ggml.T.I32, self.ubatch.n_tokens)
+        cur = ggml.new_tensor(ggml.T.I32, self.ubatch.n_tokens * self.hparams.n_pos_per_embd())
         cur.set_input()
         self.cb(cur, "inp_pos", -1)
         return cur
@@ -146,6 +164,40 @@ class GraphContext:
     def build_attn_inp_k(self) -> AttnInputK:
         """build_attn_inp_k_impl: K indices and the mask; no V indices, no rotations."""
         return AttnInputK(self.kv, self.kv.build_input_k_idxs(self.ubatch.n_tokens), self.build_attn_inp_kq_mask(self.kv))
+
+    def build_rs_inp(self) -> RSInput:
+        return self._rs_inp(self.kv)
+
+    def build_inp_mem_hybrid(self) -> MemHybridInput:
+        """build_inp_mem_hybrid: the recurrent state's inputs, then the KV cache's."""
+        rs = self._rs_inp(self.kv.recr)
+        return MemHybridInput(self._attn_inp(self.kv.attn), rs)
+
+    def _rs_inp(self, mem: MemoryRecurrent) -> RSInput:
+        """build_rs_inp_impl"""
+        n_rs, n_seqs = mem.get_n_rs(), self.ubatch.n_seqs
+        s_copy = ggml.new_tensor(ggml.T.I32, n_rs)
+        s_copy.set_input()
+        set_name(s_copy, "rs_s_copy")
+        main = ggml.view(s_copy, (n_seqs,), (), 0)
+        extra = ggml.view(s_copy, (n_rs - n_seqs,), (), n_seqs * s_copy.nb[0])
+        return RSInput(mem, s_copy, main, extra)
+
+    def build_rs(self, inp: RSInput, s: Tensor, state_size: int, n_seqs: int, get_state_rows=ggml.get_rows) -> Tensor:
+        """build_rs: clear the rs_z state (a no-op view at reserve), gather the sequences' states
+        (get_state_rows(states, ids): GET_ROWS, or Mamba-2's scan over them), copy the extra ones
+        (none at reserve: n_rs == n_seqs) back into place."""
+        mem = inp.mem
+        n_rs, rs_head, rs_zero = mem.get_n_rs(), mem.get_head(), mem.get_rs_z()
+        states = ggml.reshape(s, state_size, s.ne[1])
+        zero = ggml.view(states, (state_size * (rs_zero >= 0),), (), rs_zero * states.nb[1] * (rs_zero >= 0))
+        ggml.build_forward_expand(self.gf, ggml.scale(zero, 0.0, inplace=True))
+        output_states = get_state_rows(states, inp.s_copy_main)
+        ggml.build_forward_expand(self.gf, output_states)
+        states_extra = ggml.get_rows(states, inp.s_copy_extra)
+        dst = ggml.view(s, (state_size, n_rs - n_seqs), (s.nb[1],), (rs_head + n_seqs) * s.nb[1])
+        ggml.build_forward_expand(self.gf, ggml.cpy(states_extra, dst))
+        return output_states
 
     def _attn_inp(self, kv: KVCache, rotations: bool = True) -> AttnInput:
         n_tokens = self.ubatch.n_tokens
@@ -212,6 +264,26 @@ class GraphContext:
         self.cb(k, "Kcur", il)
         self.cb(v, "Vcur", il)
         return q, k, v
+
+    def build_qkv_flat(self, layer, cur: Tensor, n_embd_q: int, n_embd_k: int, n_embd_v: int, il: int):
+        """build_qkv with reshape false: 2-D Q, K, V (contiguous copies of the fused product's
+        views, or the separate projections with their biases), unnamed."""
+        n_tokens = self.ubatch.n_tokens
+        if layer.wqkv is not None:
+            qkv = self.build_lora_mm(layer.wqkv, cur)
+            self.cb(qkv, "wqkv", il)
+            if layer.wqkv_b is not None:
+                qkv = ggml.add(qkv, layer.wqkv_b)
+                self.cb(qkv, "wqkv_b", il)
+            q = ggml.view(qkv, (n_embd_q, n_tokens), (qkv.nb[1],), 0)
+            k = ggml.view(qkv, (n_embd_k, n_tokens), (qkv.nb[1],), ggml.row_size(qkv.type, n_embd_q))
+            v = ggml.view(qkv, (n_embd_v, n_tokens), (qkv.nb[1],), ggml.row_size(qkv.type, n_embd_q + n_embd_k))
+            return ggml.cont(q), ggml.cont(k), ggml.cont(v)
+        out = []
+        for w, b in ((layer.wq, layer.wq_b), (layer.wk, layer.wk_b), (layer.wv, layer.wv_b)):
+            x = self.build_lora_mm(w, cur)
+            out.append(ggml.add(x, b) if b is not None else x)
+        return tuple(out)
 
     def _proj(self, w: Tensor, b: Optional[Tensor], cur: Tensor, name: str, il: int) -> Tensor:
         x = self.build_lora_mm(w, cur)

@@ -16,6 +16,8 @@ LLAMA_SWA_TYPE_NONE, LLAMA_SWA_TYPE_STANDARD, LLAMA_SWA_TYPE_CHUNKED, LLAMA_SWA_
 
 # enum llama_rope_type
 LLAMA_ROPE_TYPE_NONE, LLAMA_ROPE_TYPE_NORM, LLAMA_ROPE_TYPE_NEOX = -1, 0, 2
+LLAMA_ROPE_TYPE_MROPE, LLAMA_ROPE_TYPE_IMROPE = 8, 40
+GGML_MROPE_SECTIONS = 4
 
 # enum llama_rope_scaling_type, by the names llama_rope_scaling_type_from_string accepts
 LLAMA_ROPE_SCALING_TYPES = {"none": 0, "linear": 1, "yarn": 2, "longrope": 3}
@@ -75,6 +77,16 @@ class HParams:
     is_swa_arr: tuple[bool, ...] = ()
     n_no_rope_layer_step: int = 0          # smollm3: every n-th layer has no rope
     causal_attn: bool = True
+    # recurrent layers (llama_memory_recurrent): Mamba-2, gated delta net, short convolution
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0
+    ssm_n_group: int = 0
+    ssm_dt_b_c_rms: bool = False
+    n_shortconv_l_cache: int = 0
+    is_recr_arr: tuple[bool, ...] = ()
+    rope_sections: tuple[int, ...] = (0, 0, 0, 0)
 
     # --- per-layer accessors (llama-hparams.cpp) --------------------------------------------------
 
@@ -110,6 +122,23 @@ class HParams:
 
     def is_swa_any(self) -> bool:
         return any(self.is_swa_arr)
+
+    def is_recr(self, il: int) -> bool:
+        return bool(self.is_recr_arr) and self.is_recr_arr[il]
+
+    def n_embd_r(self) -> int:
+        """llama_hparams::n_embd_r: a recurrent layer's conv state (LFM2: its short conv's cache)."""
+        if self.n_shortconv_l_cache != 0:
+            return self.n_embd * (self.n_shortconv_l_cache - 1)
+        d_conv = self.ssm_d_conv - 1 if self.ssm_d_conv > 0 else 0
+        return d_conv * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
+
+    def n_embd_s(self) -> int:
+        """llama_hparams::n_embd_s: a recurrent layer's SSM state."""
+        return self.ssm_d_state * self.ssm_d_inner
+
+    def n_pos_per_embd(self) -> int:
+        return GGML_MROPE_SECTIONS if self.rope_type in (LLAMA_ROPE_TYPE_MROPE, LLAMA_ROPE_TYPE_IMROPE) else 1
 
     def n_embd_head_k(self, il: int = 0) -> int:
         return self.n_embd_head_k_swa if self.is_swa(il) else self.n_embd_head_k_full

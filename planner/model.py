@@ -75,6 +75,21 @@ class Layer:
     wkv_a_mqa: Optional[Tensor] = None
     wk_b: Optional[Tensor] = None
     wv_b: Optional[Tensor] = None
+    wqkv_gate: Optional[Tensor] = None         # recurrent layers: gated delta net, Mamba-2, short conv
+    ssm_in: Optional[Tensor] = None
+    ssm_conv1d: Optional[Tensor] = None
+    ssm_conv1d_b: Optional[Tensor] = None
+    ssm_dt: Optional[Tensor] = None
+    ssm_dt_b: Optional[Tensor] = None
+    ssm_a: Optional[Tensor] = None
+    ssm_d: Optional[Tensor] = None
+    ssm_beta: Optional[Tensor] = None
+    ssm_alpha: Optional[Tensor] = None
+    ssm_norm: Optional[Tensor] = None
+    ssm_out: Optional[Tensor] = None
+    shortconv_conv: Optional[Tensor] = None
+    shortconv_in_proj: Optional[Tensor] = None
+    shortconv_out_proj: Optional[Tensor] = None
 
 
 @dataclass
@@ -199,6 +214,8 @@ def check_hparams(ml: ModelLoader, hp: HParams) -> None:
     head): refused here, before any per-layer structure is built from them."""
     require(ml, hp.n_embd > 0, f"{ml.key('%s.embedding_length')} is 0")
     for il in range(hp.n_layer):
+        if hp.is_recr(il):
+            continue   # a recurrent layer's sizes are its own (ssm.*, shortconv.*): no KV heads, maybe no FFN
         require(ml, hp.n_head(il) > 0, f"{ml.key('%s.attention.head_count')} is 0 for layer {il}")
         require(ml, 0 < hp.n_head_kv(il) <= hp.n_head(il) and hp.n_head(il) % hp.n_head_kv(il) == 0,
                 f"{ml.key('%s.attention.head_count_kv')} is {hp.n_head_kv(il)} for layer {il}: "

@@ -16,6 +16,7 @@ from .graph import GraphContext, Ubatch
 from .hparams import LLAMA_SWA_TYPE_NONE, HParams
 from .kv_cache import KVCache, create_kv_cache
 from .kv_cache_iswa import KVCacheISWA, create_kv_cache_iswa
+from .memory_recurrent import MemoryHybrid, MemoryRecurrent, create_memory_recurrent
 from .model import Model, load_hparams, load_tensors
 from .model_loader import ModelLoader
 from .params import Params
@@ -59,7 +60,7 @@ class Context:
     cparams: CParams
     devices: Devices
     model: Model
-    kv: Union[KVCache, KVCacheISWA]
+    kv: Union[KVCache, KVCacheISWA, MemoryRecurrent, MemoryHybrid]
     sched: Sched
     output_buffer_size: int
 
@@ -78,14 +79,38 @@ def create_context(model_path: str, params: Params) -> Context:
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size)
 
 
-def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, KVCacheISWA]:
-    """llama_model::create_memory for attention-only models: llama_kv_cache, or llama_kv_cache_iswa
-    when the model has sliding-window layers."""
+# llm_arch_is_recurrent, llm_arch_is_hybrid (src/llama-arch.cpp), for the planned architectures
+RECURRENT_ARCHS = frozenset({"mamba2"})
+HYBRID_ARCHS = frozenset({"granitehybrid", "lfm2", "nemotron_h", "qwen3next", "qwen35", "qwen35moe"})
+
+
+def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, KVCacheISWA, MemoryRecurrent,
+                                                                      MemoryHybrid]:
+    """llama_model::create_memory: llama_memory_recurrent (r/s states in f32, one cell per
+    sequence, n_rs_seq 0 as llama_context_default_params leaves it), llama_memory_hybrid (the
+    attention layers in a llama_kv_cache, the recurrent ones in recurrent state, by the arch's
+    layer filters), llama_kv_cache, or llama_kv_cache_iswa when the model has sliding-window layers."""
     def kv_buft(il: int):
         # the layer's device buffer type with offload_kqv, else the CPU buffer type
         return devices.layer_backend[il].buft if cp.offload_kqv else devices.cpu.buft
 
     v_trans = not cp.flash_attn
+    rs_size = max(1, cp.n_seq_max)
+    if hp.arch in RECURRENT_ARCHS:
+        return create_memory_recurrent(hp, ggml.T.F32, ggml.T.F32, rs_size, 0, kv_buft)
+    if hp.arch in HYBRID_ARCHS:
+        if hp.arch == "nemotron_h":
+            # attention and recurrent layers are those without an FFN; the FFN-only layers hold no memory
+            def filter_attn(il): return not hp.is_recr(il) and hp.n_ff(il) == 0
+            def filter_recr(il): return hp.is_recr(il) and hp.n_ff(il) == 0
+        else:
+            # llama_memory_hybrid's defaults (the qwen3next/qwen35 filters say the same within n_layer)
+            def filter_attn(il): return not hp.is_recr(il)
+            def filter_recr(il): return hp.is_recr(il)
+        attn = create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, cp.n_ctx_seq, cp.n_seq_max, cp.kv_unified,
+                               kv_buft, filter_attn)
+        return MemoryHybrid(attn, create_memory_recurrent(hp, ggml.T.F32, ggml.T.F32, rs_size, 0, kv_buft,
+                                                          filter_recr))
     if hp.swa_type != LLAMA_SWA_TYPE_NONE:
         return create_kv_cache_iswa(hp, cp, v_trans, kv_buft)
     return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, cp.n_ctx_seq, cp.n_seq_max, cp.kv_unified, kv_buft)

@@ -15,12 +15,14 @@ ARCHS = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gpt-oss": "openai_moe",
+    "lfm2": "lfm2",
     "llama": "llama",
     "mistral3": "mistral3",
     "phi3": "phi3",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
+    "qwen35": "qwen35",
     "smollm3": "smollm3",
 }
 SUPPORTED_ARCHS = tuple(ARCHS)

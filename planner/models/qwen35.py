@@ -1,0 +1,253 @@
+"""LLM_ARCH_QWEN35 (src/models/qwen35.cpp): Qwen3.5 dense.
+
+Three gated-delta-net (linear attention) layers to one full-attention layer
+(full_attention_interval 4) in llama_memory_hybrid: the attention layers' K/V in a KV cache, the
+others' conv and delta-net states in recurrent state, one cell per sequence. Full attention has a
+sigmoid output gate fused into Q's projection and interleaved M-RoPE; every block has a norm after
+attention and a SwiGLU FFN.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import ggml
+from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
+from ..hparams import LLAMA_ROPE_TYPE_IMROPE, HParams
+from ..model import Model, TensorCreator, require
+from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
+from .delta_net import build_conv_state, build_gdn_l2_norm, build_recurrent_attn
+
+LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_IMROPE
+
+
+def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
+    hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
+    hp.rope_sections = ml.get_key_or_arr("%s.rope.dimension_sections", 4)
+    load_gdn_hparams(ml, hp)
+    require(ml, hp.n_embd_head_v() == hp.n_embd_head_k(),
+            f"the {ml.arch} graph needs equal K and V head sizes (K {hp.n_embd_head_k()}, V {hp.n_embd_head_v()})")
+
+
+def load_gdn_hparams(ml: ModelLoader, hp: HParams) -> None:
+    """The gated delta net's sizes and which layers are recurrent: attention.recurrent_layers, or
+    all but every full_attention_interval-th layer."""
+    hp.ssm_d_conv = ml.get_u32("%s.ssm.conv_kernel")
+    hp.ssm_d_inner = ml.get_u32("%s.ssm.inner_size")
+    hp.ssm_d_state = ml.get_u32("%s.ssm.state_size")
+    hp.ssm_dt_rank = ml.get_u32("%s.ssm.time_step_rank")
+    hp.ssm_n_group = ml.get_u32("%s.ssm.group_count")
+    if ml.has("%s.attention.recurrent_layers"):
+        hp.is_recr_arr = tuple(bool(x) for x in ml.get_key_or_arr("%s.attention.recurrent_layers", hp.n_layer))
+    else:
+        interval = ml.get_u32("%s.full_attention_interval", 4)
+        hp.is_recr_arr = tuple((i + 1) % interval != 0 for i in range(hp.n_layer))
+
+
+def load_gdn_tensors(c: TensorCreator, layer, i: int) -> None:
+    """A gated delta net layer's projections, conv kernel, decay and norm (load_block_trunk)."""
+    hp = c.hparams
+    n_embd, key_dim = hp.n_embd, hp.ssm_d_state * hp.ssm_n_group
+    value_dim, n_v_heads = hp.ssm_d_state * hp.ssm_dt_rank, hp.ssm_dt_rank
+    layer.wqkv = c.create_tensor(tn("ATTN_QKV", "weight", i), (n_embd, key_dim * 2 + value_dim), TENSOR_NOT_REQUIRED)
+    layer.wqkv_gate = c.create_tensor(tn("ATTN_GATE", "weight", i), (n_embd, value_dim), TENSOR_NOT_REQUIRED)
+    layer.ssm_conv1d = c.create_tensor(tn("SSM_CONV1D", "weight", i), (hp.ssm_d_conv, key_dim * 2 + value_dim))
+    layer.ssm_dt = c.create_tensor(tn("SSM_DT", "bias", i), (hp.ssm_dt_rank,))
+    layer.ssm_a = c.create_tensor(tn("SSM_A_NOSCAN", None, i), (hp.ssm_dt_rank,))
+    layer.ssm_beta = c.create_tensor(tn("SSM_BETA", "weight", i), (n_embd, n_v_heads))
+    layer.ssm_alpha = c.create_tensor(tn("SSM_ALPHA", "weight", i), (n_embd, n_v_heads))
+    layer.ssm_norm = c.create_tensor(tn("SSM_NORM", "weight", i), (hp.ssm_d_state,))
+    layer.ssm_out = c.create_tensor(tn("SSM_OUT", "weight", i), (value_dim, n_embd))
+
+
+def load_gated_attn_tensors(c: TensorCreator, layer, i: int) -> None:
+    """A full-attention layer: Q and its output gate in one projection, Q/K norms."""
+    hp = c.hparams
+    n_embd, n_embd_head_k = hp.n_embd, hp.n_embd_head_k()
+    c.create_tensor_qkv(layer, i, n_embd, n_embd_head_k * hp.n_head(i) * 2, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
+    layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd_head_k * hp.n_head(i), n_embd))
+    layer.attn_q_norm = c.create_tensor(tn("ATTN_Q_NORM", "weight", i), (n_embd_head_k,))
+    layer.attn_k_norm = c.create_tensor(tn("ATTN_K_NORM", "weight", i), (n_embd_head_k,))
+
+
+def load_arch_tensors(c: TensorCreator, model: Model) -> None:
+    hp = model.hparams
+    n_embd, n_vocab = hp.n_embd, hp.n_vocab
+    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
+    c.create_output(model, n_embd, n_vocab)
+    for i, layer in enumerate(model.layers):
+        n_ff = hp.n_ff(i)
+        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
+        layer.attn_post_norm = c.create_tensor(tn("ATTN_POST_NORM", "weight", i), (n_embd,))
+        if not hp.is_recr(i):
+            load_gated_attn_tensors(c, layer, i)
+        else:
+            load_gdn_tensors(c, layer, i)
+        layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
+        layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
+        layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
+
+
+def build(g: GraphContext) -> None:
+    """llama_model_qwen35::graph"""
+    build_hybrid(g, build_layer_ffn)
+
+
+def build_hybrid(g: GraphContext, ffn) -> None:
+    """The qwen35/qwen35moe trunk: per layer the gated delta net or gated attention, the residual,
+    the post-attention norm, `ffn(g, cur, il)`, the residual; the last hidden state is kept (t_h_nextn)."""
+    model, hp = g.model, g.hparams
+    inp_l = g.build_inp_embd(model.tok_embd)
+    g.cb(inp_l, "model.input_embed", -1)
+    inp = g.build_inp_mem_hybrid()
+    inp_pos = g.build_inp_pos()
+    inp_out_ids = g.build_inp_out_ids()
+
+    for il, layer in enumerate(model.layers):
+        inp_sa = inp_l
+        cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
+        g.cb(cur, "attn_norm", il)
+        ggml.build_forward_expand(g.gf, cur)
+        if hp.is_recr(il):
+            cur = build_layer_attn_linear(g, inp.rs, cur, il)
+        else:
+            cur = build_layer_attn(g, inp.attn, cur, inp_pos, il)
+        cur = ggml.add(cur, inp_sa)
+        g.cb(cur, "attn_residual", il)
+        ffn_residual = cur
+        attn_post_norm = g.build_norm(cur, layer.attn_post_norm, None, LLM_NORM_RMS, il)
+        g.cb(attn_post_norm, "attn_post_norm", il)
+        cur = ffn(g, attn_post_norm, il)
+        g.cb(cur, "ffn_out", il)
+        cur = ggml.add(cur, ffn_residual)
+        g.cb(cur, "post_ffn", il)
+        g.cb(cur, "l_out", il)
+        inp_l = cur
+
+    cur = g.build_norm(inp_l, model.output_norm, None, LLM_NORM_RMS, -1)
+    g.cb(cur, "h_nextn", -1)
+    g.t_h_nextn = cur
+    cur = ggml.get_rows(cur, inp_out_ids)     # embeddings_nextn_masked is false
+    g.cb(cur, "result_norm", -1)
+    g.t_embd = cur
+    cur = g.build_lora_mm(model.output, cur)
+    g.cb(cur, "result_output", -1)
+    g.t_logits = cur
+    ggml.build_forward_expand(g.gf, cur)
+
+
+def build_layer_attn(g: GraphContext, inp, cur, inp_pos, il: int):
+    """build_layer_attn: Q and its gate from one projection, Q/K norms, M-RoPE, attention, the
+    sigmoid gate, the output projection."""
+    hp, layer = g.hparams, g.model.layers[il]
+    n_embd_head, n_head, n_head_kv, n_tokens = hp.n_embd_head_v(), hp.n_head(il), hp.n_head_kv(il), g.ubatch.n_tokens
+    q_full, k, v = g.build_qkv_flat(layer, cur, n_embd_head * 2 * n_head, n_embd_head * n_head_kv,
+                                    n_embd_head * n_head_kv, il)
+    g.cb(q_full, "Qcur_full", il)
+    g.cb(k, "Kcur", il)
+    g.cb(v, "Vcur", il)
+    es = ggml.type_size(q_full.type)
+    q = ggml.view(q_full, (n_embd_head, n_head, n_tokens), (es * n_embd_head * 2, es * n_embd_head * 2 * n_head), 0)
+    g.cb(q, "Qcur_reshaped", il)
+    q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
+    g.cb(q, "Qcur_normed", il)
+    k = ggml.reshape(k, n_embd_head, n_head_kv, n_tokens)
+    k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
+    g.cb(k, "Kcur_normed", il)
+    gate = ggml.view(q_full, (n_embd_head, n_head, n_tokens), (es * n_embd_head * 2, es * n_embd_head * 2 * n_head),
+                     es * n_embd_head)
+    gate = ggml.cont(gate, n_embd_head * n_head, n_tokens)
+    g.cb(gate, "gate_reshaped", il)
+    v = ggml.reshape(v, n_embd_head, n_head_kv, n_tokens)
+    q = ggml.rope_multi(q, inp_pos, None, hp.n_rot(il), hp.rope_sections, hp.rope_type, hp.n_ctx_orig_yarn)
+    k = ggml.rope_multi(k, inp_pos, None, hp.n_rot(il), hp.rope_sections, hp.rope_type, hp.n_ctx_orig_yarn)
+    g.cb(q, "Qcur", il)
+    g.cb(k, "Kcur", il)
+    g.cb(v, "Vcur", il)
+    kq_scale = 1.0 / math.sqrt(n_embd_head) if hp.f_attention_scale == 0.0 else hp.f_attention_scale
+    cur = g.build_attn(inp, None, None, q, k, v, kq_scale, il)
+    g.cb(cur, "attn_pregate", il)
+    gate_sigmoid = ggml.unary(gate, "SIGMOID")
+    g.cb(gate_sigmoid, "gate_sigmoid", il)
+    cur = ggml.mul(cur, gate_sigmoid)
+    g.cb(cur, "attn_gated", il)
+    cur = g.build_lora_mm(layer.wo, cur)
+    g.cb(cur, "attn_output", il)
+    return cur
+
+
+def build_layer_attn_linear(g: GraphContext, inp, cur, il: int):
+    """build_layer_attn_linear: the gated delta net over the conv state and the recurrent state."""
+    hp, layer, ub = g.hparams, g.model.layers[il], g.ubatch
+    n_seqs = ub.n_seqs
+    n_seq_tokens = ub.n_tokens // n_seqs
+    head_k_dim, num_k_heads, num_v_heads = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank
+    head_v_dim = hp.ssm_d_inner // num_v_heads
+
+    qkv_mixed = g.build_lora_mm(layer.wqkv, cur)           # build_qkvz
+    qkv_mixed = ggml.reshape(qkv_mixed, qkv_mixed.ne[0], n_seq_tokens, n_seqs)
+    g.cb(qkv_mixed, "linear_attn_qkv_mixed", il)
+    z = g.build_lora_mm(layer.wqkv_gate, cur)
+    g.cb(z, "z", il)
+
+    beta = g.build_lora_mm(layer.ssm_beta, cur)
+    beta = ggml.reshape(beta, 1, num_v_heads, n_seq_tokens, n_seqs)
+    g.cb(beta, "beta", il)
+    beta = ggml.unary(beta, "SIGMOID")
+    g.cb(beta, "beta_sigmoid", il)
+    alpha = g.build_lora_mm(layer.ssm_alpha, cur)
+    alpha = ggml.reshape(alpha, num_v_heads, n_seq_tokens, n_seqs)
+    g.cb(alpha, "alpha", il)
+    alpha_softplus = ggml.unary(ggml.add(alpha, layer.ssm_dt), "SOFTPLUS")
+    g.cb(alpha_softplus, "a_softplus", il)
+    gate = ggml.mul(alpha_softplus, layer.ssm_a)
+    g.cb(gate, "gate", il)
+    gate = ggml.reshape(gate, 1, num_v_heads, n_seq_tokens, n_seqs)
+
+    mem = inp.mem
+    conv_states_all, ssm_states_all = mem.r_l[il], mem.s_l[il]
+    conv_kernel = layer.ssm_conv1d
+    conv_channels = hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state
+    conv_input = build_conv_state(g, inp, conv_states_all, qkv_mixed, conv_kernel.ne[0], conv_channels, il)
+    state = g.build_rs(inp, ssm_states_all, hp.n_embd_s(), n_seqs)
+    state = ggml.reshape(state, head_v_dim, head_v_dim, num_v_heads, n_seqs)
+    g.cb(state, "state_predelta", il)
+
+    conv_out = ggml.ssm_conv(conv_input, conv_kernel)
+    g.cb(conv_out, "conv_output_raw", il)
+    conv_out = ggml.unary(conv_out, "SILU")
+    g.cb(conv_out, "conv_output_silu", il)
+    f32 = conv_out.type
+    nb1_qkv = ggml.row_size(f32, head_k_dim * num_k_heads * 2 + head_v_dim * num_v_heads)
+    strides_k = (ggml.row_size(f32, head_k_dim), nb1_qkv, nb1_qkv * n_seq_tokens)
+    q_conv = ggml.view(conv_out, (head_k_dim, num_k_heads, n_seq_tokens, n_seqs), strides_k, 0)
+    k_conv = ggml.view(conv_out, (head_k_dim, num_k_heads, n_seq_tokens, n_seqs), strides_k,
+                       head_k_dim * num_k_heads * ggml.type_size(f32))
+    v_conv = ggml.view(conv_out, (head_v_dim, num_v_heads, n_seq_tokens, n_seqs),
+                       (ggml.row_size(f32, head_v_dim), nb1_qkv, nb1_qkv * n_seq_tokens),
+                       ggml.row_size(f32, 2 * head_k_dim * num_k_heads))
+    g.cb(q_conv, "q_conv", il)
+    g.cb(k_conv, "k_conv", il)
+    g.cb(v_conv, "v_conv", il)
+    q_conv = build_gdn_l2_norm(q_conv, hp.f_norm_rms_eps)
+    k_conv = build_gdn_l2_norm(k_conv, hp.f_norm_rms_eps)
+    # the fused delta net broadcasts K heads over V heads itself: no repeat
+    g.cb(q_conv, "q_conv_predelta", il)
+    g.cb(k_conv, "k_conv_predelta", il)
+    g.cb(v_conv, "v_conv_predelta", il)
+    output = build_recurrent_attn(g, inp, ssm_states_all, q_conv, k_conv, v_conv, gate, beta, state, il)
+
+    z_2d = ggml.reshape(z, head_v_dim, num_v_heads, n_seq_tokens, n_seqs)
+    normalized = g.build_norm(output, layer.ssm_norm, None, LLM_NORM_RMS, il)   # build_norm_gated
+    attn_out_norm = ggml.mul(normalized, ggml.unary(z_2d, "SILU"))
+    final_output = ggml.reshape(attn_out_norm, head_v_dim * num_v_heads, n_seq_tokens, n_seqs)
+    g.cb(final_output, "final_output", il)
+    cur = g.build_lora_mm(layer.ssm_out, final_output)
+    g.cb(cur, "linear_attn_out", il)
+    return ggml.reshape(cur, hp.n_embd, n_seq_tokens * n_seqs)
+
+
+def build_layer_ffn(g: GraphContext, cur, il: int):
+    layer = g.model.layers[il]
+    cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, LLM_FFN_SILU, LLM_FFN_PAR, il)
+    g.cb(cur, "ffn_out", il)
+    return cur

@@ -118,7 +118,7 @@ def _add_cpu_moe(ctx: click.Context, param: click.Parameter, value: bool) -> boo
 
 def _add_n_cpu(regex: str):
     def callback(ctx: click.Context, param: click.Parameter, value: int) -> int:
-        """llm_add_n_cpu_ffn_overrides: one 'blk\.i<regex>' per layer i < N (no layer is numbered
+        """llm_add_n_cpu_ffn_overrides: one 'blk\\.i<regex>' per layer i < N (no layer is numbered
         LLAMA_MAX_LAYERS or more, so patterns past it would match nothing)"""
         _overrides(ctx).extend((f"blk\\.{i}{regex}", "CPU") for i in range(min(value, LLAMA_MAX_LAYERS)))
         return value

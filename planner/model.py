@@ -319,20 +319,25 @@ def load_tensors(ml: ModelLoader, hp: HParams, place: Placement) -> Model:
     creator = TensorCreator(ml, hp, place)
     models.arch_module(ml).load_arch_tensors(creator, model)
     creator.done_getting_tensors()
-    model.buffers = [_alloc_weights(ml.header, ml.tensors, buft, tensors) for buft, tensors in creator.ctx.values()]
+    model.buffers = [b for buft, tensors in creator.ctx.values() for b in _alloc_weights(ml, buft, tensors)]
     return model
 
 
-def _alloc_weights(header: GGUFHeader, infos: dict, buft: BufferType, tensors: list[Tensor]) -> Buffer:
-    """Mapped buffer types cover the file range of their tensors (get_mapping_range); others are
-    allocated like ggml_backend_alloc_ctx_tensors_from_buft."""
-    if buft.name.endswith("_Mapped"):
+def _alloc_weights(ml: ModelLoader, buft: BufferType, tensors: list[Tensor]) -> list[Buffer]:
+    """Mapped buffer types get one buffer per file, covering the file range of their tensors
+    there (get_mapping_range); others one buffer, as ggml_backend_alloc_ctx_tensors_from_buft makes."""
+    if not buft.name.endswith("_Mapped"):
+        return [alloc_ctx_tensors(buft, tensors, usage="weights")]
+    buffers = []
+    for idx in range(len(ml.files)):
+        in_file = [t for t in tensors if ml.file_of[t.name] == idx]
+        if not in_file:
+            continue
         buf = Buffer(buft, "weights")
-        offs = {t.name: header.data_offset + infos[t.name].offset for t in tensors}
-        first = min(offs[t.name] for t in tensors)
-        last = max(offs[t.name] + t.nbytes for t in tensors)
-        for t in tensors:
+        offs = {t.name: ml.data_offset(t.name) for t in in_file}
+        first = min(offs.values())
+        buf.size = max(offs[t.name] + t.nbytes for t in in_file) - first
+        for t in in_file:
             t.buffer, t.offset = buf, offs[t.name] - first
-        buf.size = last - first
-        return buf
-    return alloc_ctx_tensors(buft, tensors, usage="weights")
+        buffers.append(buf)
+    return buffers

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from .arch import LLM_TENSOR_INFOS
-from .gguf import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT32, UINT64, _type_name, shown
+from .gguf import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT16, UINT32, UINT64, GGUFError, _type_name, read_header, shown
 from .hparams import LLAMA_MAX_LAYERS, UnsupportedModel
+from .split import LLM_KV_SPLIT_COUNT, LLM_KV_SPLIT_NO, LLM_KV_SPLIT_TENSORS_COUNT, list_splits, llama_split_path, llama_split_prefix
 
 if TYPE_CHECKING:
     from .gguf import GGUFHeader, TensorInfo
@@ -39,16 +40,64 @@ def tn(tensor: str, suffix: Optional[str] = None, bid: int = -1) -> TN:
 
 
 class ModelLoader:
-    """The key getters (get_key, get_key_or_arr, get_arr) of llama_model_loader."""
+    """llama_model_loader: the files of the model (one, or the parts of a split GGUF, read from
+    the first), the key getters (get_key, get_key_or_arr, get_arr) and the tensor checks."""
 
     def __init__(self, header: GGUFHeader):
         self.header = header
-        self.arch = header.arch()
+        self.arch = ""
+        self.files: list[GGUFHeader] = [header]
         self.tensors: dict[str, TensorInfo] = {}
+        self.file_of: dict[str, int] = {}        # tensor name -> index of its file (llama_tensor_weight::idx)
+        self._add_tensors(header, 0)
+        n_split = self.get_u16(LLM_KV_SPLIT_COUNT, 0)
+        if n_split > 1:
+            self._load_splits(n_split)   # before the architecture: a later part has none
+        self.arch = header.arch()
+
+    def _add_tensors(self, header: GGUFHeader, idx: int) -> None:
         for t in header.tensors:
-            if t.name in self.tensors:   # gguf_init_from_file_impl: duplicate tensor names are refused
-                self.fail(f"tensor '{t.name}' appears twice")
+            if t.name in self.tensors:
+                self.fail(f"invalid model: tensor '{t.name}' is duplicated")
             self.tensors[t.name] = t
+            self.file_of[t.name] = idx
+
+    def _load_splits(self, n_split: int) -> None:
+        """The split branch of llama_model_loader's constructor: MODEL must be the first part; the
+        others are found by name beside it, each must say which part it is, and together they
+        must hold split.tensors.count tensors."""
+        path = self.header.path
+        idx = self.get_u16(LLM_KV_SPLIT_NO)
+        if idx != 0:
+            first = llama_split_prefix(path, idx, n_split)
+            self.fail(f"illegal split file idx: {idx} (file: {path}), model must be loaded with the first split"
+                      + (f": {llama_split_path(first, 0, n_split)}" if first else ""))
+        try:
+            paths = list_splits(path, idx, n_split)
+        except ValueError as e:
+            self.fail(str(e))
+        for idx in range(1, n_split):
+            try:
+                part = read_header(paths[idx])
+            except (OSError, GGUFError) as e:
+                reason = "missing" if isinstance(e, FileNotFoundError) else shown(str(e), 300)
+                self.fail(f"failed to load GGUF split from {paths[idx]} ({reason})")
+            t = part.kv_types.get(LLM_KV_SPLIT_NO, (None, None))[0]
+            if t is None:
+                self.fail(f"missing key {LLM_KV_SPLIT_NO} in GGUF split {paths[idx]}")
+            if t != UINT16 or part.get(LLM_KV_SPLIT_NO) != idx:   # gguf_get_val_u16 asserts the type
+                self.fail(f"invalid split file idx: {shown(repr(part.get(LLM_KV_SPLIT_NO)), 40)} "
+                          f"(file: {paths[idx]}), expected {idx}: a part of another split?")
+            self.files.append(part)
+            self._add_tensors(part, idx)
+        n_tensors = self._get(LLM_KV_SPLIT_TENSORS_COUNT, INT32, None)
+        if n_tensors != len(self.tensors):
+            self.fail(f"corrupted model: {n_tensors} tensors expected but {len(self.tensors)} found "
+                      f"in {n_split} parts: a part of another split?")
+
+    def data_offset(self, name: str) -> int:
+        """Where a tensor's data starts in its file."""
+        return self.files[self.file_of[name]].data_offset + self.tensors[name].offset
 
     def fail(self, reason: str):
         # names and values from the file may hold anything: one line, of a readable length
@@ -72,6 +121,9 @@ class ModelLoader:
 
     def get_f32(self, kv: str, default: Optional[float] = None) -> float:
         return self._get(kv, FLOAT32, default)
+
+    def get_u16(self, kv: str, default: Optional[int] = None) -> int:
+        return self._get(kv, UINT16, default)
 
     def get_bool(self, kv: str, default: Optional[bool] = None) -> bool:
         return self._get(kv, BOOL, default)

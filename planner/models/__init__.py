@@ -17,6 +17,7 @@ ARCHS = {
     "gpt-oss": "openai_moe",
     "lfm2": "lfm2",
     "llama": "llama",
+    "mamba2": "mamba2",
     "mistral3": "mistral3",
     "phi3": "phi3",
     "qwen2": "qwen2",

@@ -86,6 +86,10 @@ class HParams:
     ssm_dt_b_c_rms: bool = False
     n_shortconv_l_cache: int = 0
     is_recr_arr: tuple[bool, ...] = ()
+    rope_pattern: tuple[bool, ...] = ()     # granite: rope.scaling.finetuned switches rope per layer
+    f_logit_scale: float = 0.0
+    f_residual_scale: float = 0.0
+    n_ff_shexp: int = 0
     rope_sections: tuple[int, ...] = (0, 0, 0, 0)
 
     # --- per-layer accessors (llama-hparams.cpp) --------------------------------------------------
@@ -125,6 +129,9 @@ class HParams:
 
     def is_recr(self, il: int) -> bool:
         return bool(self.is_recr_arr) and self.is_recr_arr[il]
+
+    def has_rope(self, il: int) -> bool:
+        return not self.rope_pattern or self.rope_pattern[il]
 
     def n_embd_r(self) -> int:
         """llama_hparams::n_embd_r: a recurrent layer's conv state (LFM2: its short conv's cache)."""

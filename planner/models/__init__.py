@@ -15,6 +15,7 @@ ARCHS = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "gpt-oss": "openai_moe",
+    "granitehybrid": "granitehybrid",
     "lfm2": "lfm2",
     "llama": "llama",
     "mamba2": "mamba2",

@@ -180,6 +180,9 @@ def plan_options(func: Callable) -> Callable:
                      help="Keep the dense FFN weights of the first N layers on the CPU."),
         click.option("--rpc", "rpc", multiple=True, metavar="HOST:PORT",
                      help="A ggml RPC server to use as a device (repeatable)."),
+        click.option("--no-header-cache", "no_header_cache", is_flag=True,
+                     help="For a MODEL given as an http(s) URL: fetch its header again instead of using the copy "
+                     "cached under ~/.cache/schedplan/headers (keyed by URL and ETag or size)."),
         click.option("--device", "devices", multiple=True, metavar="KIND:MEMORY[:KEY=VALUE...]",
                      callback=_check_devices, help=DEVICE_SPEC_HELP),
     ]
@@ -198,7 +201,7 @@ def plan_options(func: Callable) -> Callable:
             offload_kqv=not kwargs.pop("no_kv_offload"), op_offload=not kwargs.pop("no_op_offload"),
             no_host=kwargs.pop("no_host"), use_extra_bufts=not kwargs.pop("no_repack"),
             tensor_overrides=tuple(_overrides(click.get_current_context())), rpc=tuple(kwargs.pop("rpc")),
-            devices=kwargs.pop("devices"),
+            devices=kwargs.pop("devices"), header_cache=not kwargs.pop("no_header_cache"),
         )
         return func(*args, **kwargs)
 

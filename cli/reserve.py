@@ -41,6 +41,10 @@ def signed(delta: int) -> str:
 def reserve(model: str, params: Params, tensors: bool, peak: bool, graph: str, as_json: bool) -> None:
     """Plan the buffers llama.cpp reserves for MODEL (a GGUF file; only its header is read).
 
+    MODEL may be the first part of a split GGUF (NAME-00001-of-0000N.gguf: the other parts are read
+    beside it), or an http(s) URL of either: then only the header is fetched, by range requests,
+    and cached (see --no-header-cache).
+
     Prints, per buffer type, the compute buffer (the worst case of the pp and tg graphs), the KV
     cache, the output buffer and the model weights, in MiB and bytes; pp and tg graph nodes and
     splits; and the effective parameters after llama.cpp's adjustments (n_ctx padding, flash

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from .arch import LLM_TENSOR_INFOS
-from .gguf import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT16, UINT32, UINT64, GGUFError, _type_name, read_header, shown
+from .download import read_model_header
+from .gguf import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT16, UINT32, UINT64, GGUFError, _type_name, shown
 from .hparams import LLAMA_MAX_LAYERS, UnsupportedModel
 from .split import LLM_KV_SPLIT_COUNT, LLM_KV_SPLIT_NO, LLM_KV_SPLIT_TENSORS_COUNT, list_splits, llama_split_path, llama_split_prefix
 
@@ -43,8 +44,9 @@ class ModelLoader:
     """llama_model_loader: the files of the model (one, or the parts of a split GGUF, read from
     the first), the key getters (get_key, get_key_or_arr, get_arr) and the tensor checks."""
 
-    def __init__(self, header: GGUFHeader):
+    def __init__(self, header: GGUFHeader, header_cache: bool = True):
         self.header = header
+        self.header_cache = header_cache   # for split parts given as URLs
         self.arch = ""
         self.files: list[GGUFHeader] = [header]
         self.tensors: dict[str, TensorInfo] = {}
@@ -78,7 +80,7 @@ class ModelLoader:
             self.fail(str(e))
         for idx in range(1, n_split):
             try:
-                part = read_header(paths[idx])
+                part = read_model_header(paths[idx], self.header_cache)
             except (OSError, GGUFError) as e:
                 reason = "missing" if isinstance(e, FileNotFoundError) else shown(str(e), 300)
                 self.fail(f"failed to load GGUF split from {paths[idx]} ({reason})")

@@ -33,3 +33,4 @@ class Params:
     tensor_overrides: tuple[tuple[str, str], ...] = ()   # -ot REGEX=BUFTYPE
     rpc: tuple[str, ...] = ()       # --rpc HOST:PORT, repeatable
     devices: tuple[str, ...] = field(default=())         # --device (simulated), repeatable
+    header_cache: bool = True       # --no-header-cache: fetch a URL's header again

@@ -11,7 +11,7 @@ from typing import Optional, Union
 from . import LLAMA_CPP_COMMIT, ggml, models
 from .cparams import BadParams, CParams, derive_cparams
 from .devices import Devices, plan_devices, weight_placement
-from .gguf import read_header
+from .download import read_model_header
 from .graph import GraphContext, Ubatch
 from .hparams import LLAMA_SWA_TYPE_NONE, HParams
 from .kv_cache import KVCache, create_kv_cache
@@ -66,7 +66,7 @@ class Context:
 
 
 def create_context(model_path: str, params: Params) -> Context:
-    ml = ModelLoader(read_header(model_path))
+    ml = ModelLoader(read_model_header(model_path, params.header_cache), params.header_cache)
     hp = load_hparams(ml)
     cp = derive_cparams(params, hp)
     devices = plan_devices(params, hp)

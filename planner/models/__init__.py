@@ -22,6 +22,7 @@ ARCHS = {
     "mistral3": "mistral3",
     "phi3": "phi3",
     "qwen2": "qwen2",
+    "qwen2moe": "qwen2moe",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
     "qwen35": "qwen35",

@@ -546,7 +546,7 @@ class GraphContext:
             kq = ggml.mul_mat(k, q)
             self.cb(kq, "kq", il)
             if hp.attn_soft_cap:
-                kq = ggml.scale(kq, 1.0 / hp.f_attn_logit_softcapping)
+                kq = ggml.scale(kq, c_reciprocal(hp.f_attn_logit_softcapping))
                 self.cb(kq, "kq_scaled_1", il)
                 kq = ggml.unary(kq, "TANH")
                 self.cb(kq, "kq_tanh", il)
@@ -581,7 +581,7 @@ class GraphContext:
         if self.model.output_b is not None:
             cur = ggml.add(cur, self.model.output_b)
         if softcap is not None:
-            cur = ggml.scale(ggml.unary(ggml.scale(cur, 1.0 / softcap), "TANH"), softcap)
+            cur = ggml.scale(ggml.unary(ggml.scale(cur, c_reciprocal(softcap)), "TANH"), softcap)
         self.cb(cur, "result_output", -1)
         self.t_logits = cur
         ggml.build_forward_expand(self.gf, cur)
@@ -591,6 +591,12 @@ class GraphContext:
         for t in (self.t_logits, self.t_embd, self.t_h_nextn):
             if t is not None:
                 t.set_output()
+
+
+def c_reciprocal(x: float) -> float:
+    """1.0f / x as C computes it: a softcapping of 0 in a header gives inf, and llama.cpp still
+    builds (and reserves) the graph with it."""
+    return math.copysign(math.inf, x) if x == 0.0 else 1.0 / x
 
 
 def mul_mat_hadamard(cur: Tensor, rot: Tensor) -> Tensor:

@@ -25,7 +25,9 @@ ARCHS = {
     "qwen2moe": "qwen2moe",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
+    "qwen3next": "qwen3next",
     "qwen35": "qwen35",
+    "qwen35moe": "qwen35moe",
     "smollm3": "smollm3",
 }
 SUPPORTED_ARCHS = tuple(ARCHS)

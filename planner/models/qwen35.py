@@ -89,15 +89,16 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
 
 def build(g: GraphContext) -> None:
     """llama_model_qwen35::graph"""
-    build_hybrid(g, build_layer_ffn)
+    build_hybrid(g, build_layer_attn, build_layer_attn_linear, build_layer_ffn, "model.input_embed", "post_ffn")
 
 
-def build_hybrid(g: GraphContext, ffn) -> None:
-    """The qwen35/qwen35moe trunk: per layer the gated delta net or gated attention, the residual,
-    the post-attention norm, `ffn(g, cur, il)`, the residual; the last hidden state is kept (t_h_nextn)."""
+def build_hybrid(g: GraphContext, attn, attn_linear, ffn, embd_name: str, post_name: str) -> None:
+    """The qwen3next/qwen35/qwen35moe trunk: per layer `attn_linear` (gated delta net) or `attn`
+    (gated attention), the residual, the post-attention norm, `ffn`, the residual (named
+    post_name, then l_out); the last hidden state is kept (t_h_nextn)."""
     model, hp = g.model, g.hparams
     inp_l = g.build_inp_embd(model.tok_embd)
-    g.cb(inp_l, "model.input_embed", -1)
+    g.cb(inp_l, embd_name, -1)
     inp = g.build_inp_mem_hybrid()
     inp_pos = g.build_inp_pos()
     inp_out_ids = g.build_inp_out_ids()
@@ -108,9 +109,9 @@ def build_hybrid(g: GraphContext, ffn) -> None:
         g.cb(cur, "attn_norm", il)
         ggml.build_forward_expand(g.gf, cur)
         if hp.is_recr(il):
-            cur = build_layer_attn_linear(g, inp.rs, cur, il)
+            cur = attn_linear(g, inp.rs, cur, il)
         else:
-            cur = build_layer_attn(g, inp.attn, cur, inp_pos, il)
+            cur = attn(g, inp.attn, cur, inp_pos, il)
         cur = ggml.add(cur, inp_sa)
         g.cb(cur, "attn_residual", il)
         ffn_residual = cur
@@ -119,7 +120,7 @@ def build_hybrid(g: GraphContext, ffn) -> None:
         cur = ffn(g, attn_post_norm, il)
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, ffn_residual)
-        g.cb(cur, "post_ffn", il)
+        g.cb(cur, post_name, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 
@@ -178,17 +179,9 @@ def build_layer_attn(g: GraphContext, inp, cur, inp_pos, il: int):
 def build_layer_attn_linear(g: GraphContext, inp, cur, il: int):
     """build_layer_attn_linear: the gated delta net over the conv state and the recurrent state."""
     hp, layer, ub = g.hparams, g.model.layers[il], g.ubatch
-    n_seqs = ub.n_seqs
+    n_seqs, num_v_heads = ub.n_seqs, hp.ssm_dt_rank
     n_seq_tokens = ub.n_tokens // n_seqs
-    head_k_dim, num_k_heads, num_v_heads = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank
-    head_v_dim = hp.ssm_d_inner // num_v_heads
-
-    qkv_mixed = g.build_lora_mm(layer.wqkv, cur)           # build_qkvz
-    qkv_mixed = ggml.reshape(qkv_mixed, qkv_mixed.ne[0], n_seq_tokens, n_seqs)
-    g.cb(qkv_mixed, "linear_attn_qkv_mixed", il)
-    z = g.build_lora_mm(layer.wqkv_gate, cur)
-    g.cb(z, "z", il)
-
+    qkv_mixed, z = build_qkvz(g, cur, il)
     beta = g.build_lora_mm(layer.ssm_beta, cur)
     beta = ggml.reshape(beta, 1, num_v_heads, n_seq_tokens, n_seqs)
     g.cb(beta, "beta", il)
@@ -202,7 +195,30 @@ def build_layer_attn_linear(g: GraphContext, inp, cur, il: int):
     gate = ggml.mul(alpha_softplus, layer.ssm_a)
     g.cb(gate, "gate", il)
     gate = ggml.reshape(gate, 1, num_v_heads, n_seq_tokens, n_seqs)
+    # the fused delta net broadcasts K heads over V heads itself: no repeat
+    return build_gdn_core(g, inp, qkv_mixed, z, gate, beta, None, il)
 
+
+def build_qkvz(g: GraphContext, cur, il: int):
+    """build_qkvz: the mixed Q/K/V projection (per sequence) and the output gate z."""
+    layer, ub = g.model.layers[il], g.ubatch
+    qkv_mixed = g.build_lora_mm(layer.wqkv, cur)
+    qkv_mixed = ggml.reshape(qkv_mixed, qkv_mixed.ne[0], ub.n_tokens // ub.n_seqs, ub.n_seqs)
+    g.cb(qkv_mixed, "linear_attn_qkv_mixed", il)
+    z = g.build_lora_mm(layer.wqkv_gate, cur)
+    g.cb(z, "z", il)
+    return qkv_mixed, z
+
+
+def build_gdn_core(g: GraphContext, inp, qkv_mixed, z, gate, beta, repeat_heads, il: int):
+    """The rest of build_layer_attn_linear, shared by qwen3next and qwen35: conv state, SSM conv,
+    Q/K/V views, L2 norms, `repeat_heads(q, k)` where K heads are repeated to the V heads, the
+    delta net, the gated norm and the output projection."""
+    hp, layer, ub = g.hparams, g.model.layers[il], g.ubatch
+    n_seqs = ub.n_seqs
+    n_seq_tokens = ub.n_tokens // n_seqs
+    head_k_dim, num_k_heads, num_v_heads = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank
+    head_v_dim = hp.ssm_d_inner // num_v_heads
     mem = inp.mem
     conv_states_all, ssm_states_all = mem.r_l[il], mem.s_l[il]
     conv_kernel = layer.ssm_conv1d
@@ -230,7 +246,8 @@ def build_layer_attn_linear(g: GraphContext, inp, cur, il: int):
     g.cb(v_conv, "v_conv", il)
     q_conv = build_gdn_l2_norm(q_conv, hp.f_norm_rms_eps)
     k_conv = build_gdn_l2_norm(k_conv, hp.f_norm_rms_eps)
-    # the fused delta net broadcasts K heads over V heads itself: no repeat
+    if repeat_heads is not None:
+        q_conv, k_conv = repeat_heads(q_conv, k_conv)
     g.cb(q_conv, "q_conv_predelta", il)
     g.cb(k_conv, "k_conv_predelta", il)
     g.cb(v_conv, "v_conv_predelta", il)

@@ -1,0 +1,78 @@
+"""LLM_ARCH_QWEN35MOE (src/models/qwen35moe.cpp): Qwen3.5 mixture of experts (35B-A3B,
+122B-A10B, 397B-A17B).
+
+The qwen35 trunk (gated delta net and gated attention layers in llama_memory_hybrid) with routed
+experts (softmax gating, normalised top-k weights) and a sigmoid-gated shared expert in every layer.
+"""
+from __future__ import annotations
+
+from .. import ggml
+from ..graph import LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLM_FFN_PAR, LLM_FFN_SILU, GraphContext
+from ..hparams import LLAMA_ROPE_TYPE_IMROPE, HParams
+from ..model import Model, TensorCreator, require
+from ..model_loader import ModelLoader, tn
+from .qwen35 import (build_hybrid, build_layer_attn, build_layer_attn_linear, load_gated_attn_tensors, load_gdn_hparams,
+                     load_gdn_tensors)
+
+LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_IMROPE
+
+
+def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
+    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer, 0)
+    hp.n_ff_shexp = ml.get_u32("%s.expert_shared_feed_forward_length", 0)
+    hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
+    hp.rope_sections = ml.get_key_or_arr("%s.rope.dimension_sections", 4)
+    load_gdn_hparams(ml, hp)
+    # the loader divides n_ff by n_expert_used without an expert_feed_forward_length; the graph routes
+    require(ml, hp.n_expert > 0 and hp.n_expert_used() > 0, f"the {ml.arch} graph needs experts (expert_count, expert_used_count)")
+    require(ml, hp.n_embd_head_v() == hp.n_embd_head_k(),
+            f"the {ml.arch} graph needs equal K and V head sizes (K {hp.n_embd_head_k()}, V {hp.n_embd_head_v()})")
+
+
+def load_arch_tensors(c: TensorCreator, model: Model) -> None:
+    hp = model.hparams
+    n_embd, n_vocab, n_expert = hp.n_embd, hp.n_vocab, hp.n_expert
+    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
+    c.create_output(model, n_embd, n_vocab)
+    for i, layer in enumerate(model.layers):
+        n_ff_exp = hp.n_ff_exp() or hp.n_ff() // hp.n_expert_used()
+        n_ff_shexp = hp.n_ff_shexp or hp.n_ff()
+        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
+        layer.attn_post_norm = c.create_tensor(tn("ATTN_POST_NORM", "weight", i), (n_embd,))
+        if not hp.is_recr(i):
+            load_gated_attn_tensors(c, layer, i)
+        else:
+            load_gdn_tensors(c, layer, i)
+        layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert))
+        layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff_exp, n_embd, n_expert))
+        c.create_tensor_gate_up_exps(layer, i, n_embd, n_ff_exp, n_expert)
+        layer.ffn_gate_inp_shexp = c.create_tensor(tn("FFN_GATE_INP_SHEXP", "weight", i), (n_embd,))
+        layer.ffn_gate_shexp = c.create_tensor(tn("FFN_GATE_SHEXP", "weight", i), (n_embd, n_ff_shexp))
+        layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (n_embd, n_ff_shexp))
+        layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (n_ff_shexp, n_embd))
+
+
+def build(g: GraphContext) -> None:
+    """llama_model_qwen35moe::graph"""
+    build_hybrid(g, build_layer_attn, build_layer_attn_linear, build_layer_ffn, "model.input_embed", "post_moe")
+
+
+def build_layer_ffn(g: GraphContext, cur, il: int):
+    """Routed experts plus the shared expert scaled by its sigmoid gate."""
+    hp, layer = g.hparams, g.model.layers[il]
+    moe_out = g.build_moe_ffn(cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
+                              None, hp.n_expert, hp.n_expert_used(il), LLM_FFN_SILU, True, hp.expert_weights_scale,
+                              LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, il, gate_up_exps=layer.ffn_gate_up_exps)
+    g.cb(moe_out, "ffn_moe_out", il)
+    shexp = g.build_ffn(cur, layer.ffn_up_shexp, None, layer.ffn_gate_shexp, None, layer.ffn_down_shexp, None,
+                        LLM_FFN_SILU, LLM_FFN_PAR, il)
+    g.cb(shexp, "ffn_shexp", il)
+    shared_gate = g.build_lora_mm(layer.ffn_gate_inp_shexp, cur)
+    g.cb(shared_gate, "shared_expert_gate", il)
+    shared_gate = ggml.unary(shared_gate, "SIGMOID")
+    g.cb(shared_gate, "shared_expert_gate_sigmoid", il)
+    shexp = ggml.mul(shexp, shared_gate)
+    g.cb(shexp, "ffn_shexp_gated", il)
+    cur = ggml.add(moe_out, shexp)
+    g.cb(cur, "ffn_out", il)
+    return cur

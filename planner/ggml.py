@@ -336,6 +336,10 @@ def soft_max(a: Tensor) -> Tensor:
     return _unary_like("SOFT_MAX", a, [a, None], (1.0, 0.0))
 
 
+def sqr(a: Tensor) -> Tensor:
+    return _unary_like("SQR", a, [a])
+
+
 def clamp(a: Tensor, lo: float, hi: float) -> Tensor:
     return _unary_like("CLAMP", a, [a], (lo, hi))
 

@@ -78,7 +78,7 @@ class MemHybridInput:
 
 # llm_norm_type, llm_ffn_op_type, llm_ffn_gate_type
 LLM_NORM, LLM_NORM_RMS = "NORM", "RMS_NORM"
-LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU = "SILU", "GELU", "RELU"
+LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU, LLM_FFN_RELU_SQR = "SILU", "GELU", "RELU", "RELU_SQR"
 LLM_FFN_SWIGLU, LLM_FFN_GEGLU = "SWIGLU", "GEGLU"     # gate and up fused in ffn_up's rows
 LLM_FFN_SWIGLU_OAI_MOE = "SWIGLU_OAI_MOE"
 # llama_expert_gating_func_type
@@ -314,6 +314,11 @@ class GraphContext:
         if type_op in (LLM_FFN_SWIGLU, LLM_FFN_GEGLU):
             cur = ggml.glu(cur, ggml.GLU_SWIGLU if type_op == LLM_FFN_SWIGLU else ggml.GLU_GEGLU)
             self.cb(cur, f"ffn_{type_op.lower()}", il)
+        elif type_op == LLM_FFN_RELU_SQR:   # ungated only: llama.cpp has no gated squared relu
+            cur = ggml.unary(cur, "RELU")
+            self.cb(cur, "ffn_relu", il)
+            cur = ggml.sqr(cur)
+            self.cb(cur, "ffn_sqr(relu)", il)
         else:
             cur = self.build_ffn_act(cur, tmp if gate is not None and type_gate == LLM_FFN_PAR else None, type_op,
                                      "ffn", il)

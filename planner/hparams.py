@@ -87,6 +87,9 @@ class HParams:
     n_shortconv_l_cache: int = 0
     is_recr_arr: tuple[bool, ...] = ()
     rope_pattern: tuple[bool, ...] = ()     # granite: rope.scaling.finetuned switches rope per layer
+    # nemotron_h: a non-recurrent layer is attention-only (no FFN size) or FFN-only (no KV heads)
+    attn_only_arr: tuple[bool, ...] = ()
+    ffn_only_arr: tuple[bool, ...] = ()
     f_logit_scale: float = 0.0
     f_residual_scale: float = 0.0
     n_ff_shexp: int = 0
@@ -129,6 +132,12 @@ class HParams:
 
     def is_recr(self, il: int) -> bool:
         return bool(self.is_recr_arr) and self.is_recr_arr[il]
+
+    def has_attn(self, il: int) -> bool:
+        return not (self.ffn_only_arr and self.ffn_only_arr[il])
+
+    def has_ffn(self, il: int) -> bool:
+        return not (self.attn_only_arr and self.attn_only_arr[il])
 
     def has_rope(self, il: int) -> bool:
         return not self.rope_pattern or self.rope_pattern[il]

@@ -217,12 +217,15 @@ def check_hparams(ml: ModelLoader, hp: HParams) -> None:
     for il in range(hp.n_layer):
         if hp.is_recr(il):
             continue   # a recurrent layer's sizes are its own (ssm.*, shortconv.*): no KV heads, maybe no FFN
+        # expert FFNs are sized by expert_feed_forward_length (Qwen3.5 MoE headers carry no dense one)
+        require(ml, not hp.has_ffn(il) or hp.n_ff(il) > 0 or hp.n_expert > 0,
+                f"{ml.key('%s.feed_forward_length')} is 0 for layer {il}")
+        if not hp.has_attn(il):
+            continue
         require(ml, hp.n_head(il) > 0, f"{ml.key('%s.attention.head_count')} is 0 for layer {il}")
         require(ml, 0 < hp.n_head_kv(il) <= hp.n_head(il) and hp.n_head(il) % hp.n_head_kv(il) == 0,
                 f"{ml.key('%s.attention.head_count_kv')} is {hp.n_head_kv(il)} for layer {il}: "
                 f"it must divide the head count {hp.n_head(il)}")
-        # expert FFNs are sized by expert_feed_forward_length (Qwen3.5 MoE headers carry no dense one)
-        require(ml, hp.n_ff(il) > 0 or hp.n_expert > 0, f"{ml.key('%s.feed_forward_length')} is 0 for layer {il}")
         require(ml, hp.n_embd_head_k(il) > 0 and hp.n_embd_head_v(il) > 0,
                 f"the head size of layer {il} is 0 (key_length/value_length)")
         require(ml, 0 < hp.n_rot(il) <= hp.n_embd_head_k(il) and hp.n_rot(il) % 2 == 0,

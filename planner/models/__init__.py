@@ -20,6 +20,7 @@ ARCHS = {
     "llama": "llama",
     "mamba2": "mamba2",
     "mistral3": "mistral3",
+    "nemotron_h": "nemotron_h",
     "phi3": "phi3",
     "qwen2": "qwen2",
     "qwen2moe": "qwen2moe",

@@ -36,10 +36,18 @@ def load_gdn_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.ssm_d_state = ml.get_u32("%s.ssm.state_size")
     hp.ssm_dt_rank = ml.get_u32("%s.ssm.time_step_rank")
     hp.ssm_n_group = ml.get_u32("%s.ssm.group_count")
+    # build_layer_attn_linear divides d_inner by the V heads; the delta net asserts S_k == S_v and H_v % H_k == 0
+    require(ml, hp.ssm_dt_rank > 0 and hp.ssm_n_group > 0 and hp.ssm_dt_rank % hp.ssm_n_group == 0,
+            f"{ml.key('%s.ssm.time_step_rank')} ({hp.ssm_dt_rank}) must be a positive multiple of "
+            f"{ml.key('%s.ssm.group_count')} ({hp.ssm_n_group})")
+    require(ml, hp.ssm_d_inner == hp.ssm_d_state * hp.ssm_dt_rank,
+            f"{ml.key('%s.ssm.inner_size')} ({hp.ssm_d_inner}) must be {ml.key('%s.ssm.state_size')} x "
+            f"{ml.key('%s.ssm.time_step_rank')}: the delta net's K and V heads have one size")
     if ml.has("%s.attention.recurrent_layers"):
         hp.is_recr_arr = tuple(bool(x) for x in ml.get_key_or_arr("%s.attention.recurrent_layers", hp.n_layer))
     else:
         interval = ml.get_u32("%s.full_attention_interval", 4)
+        require(ml, interval > 0, f"{ml.key('%s.full_attention_interval')} is 0 (llama.cpp divides by it)")
         hp.is_recr_arr = tuple((i + 1) % interval != 0 for i in range(hp.n_layer))
 
 

@@ -26,8 +26,6 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     load_gdn_hparams(ml, hp)
     require(ml, hp.n_expert > 0, f"{ml.arch} model cannot have zero experts")
     require(ml, hp.n_expert_used() > 0, f"the {ml.arch} graph needs {ml.key('%s.expert_used_count')} above 0")
-    require(ml, hp.ssm_n_group > 0 and hp.ssm_dt_rank % hp.ssm_n_group == 0,
-            f"{ml.key('%s.ssm.time_step_rank')} must be a multiple of {ml.key('%s.ssm.group_count')}")
     require(ml, hp.n_embd_head_v() == hp.n_embd_head_k(),
             f"the {ml.arch} graph needs equal K and V head sizes (K {hp.n_embd_head_k()}, V {hp.n_embd_head_v()})")
 

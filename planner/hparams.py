@@ -66,7 +66,6 @@ class HParams:
     f_attn_logit_softcapping: float = 50.0
     f_final_logit_softcapping: float = 30.0
     attn_soft_cap: bool = False
-    use_kq_norm: bool = False
     rope_type: int = LLAMA_ROPE_TYPE_NORM
     rope_freq_base_train: float = 10000.0
     rope_freq_base_train_swa: float = 10000.0

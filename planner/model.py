@@ -14,14 +14,12 @@ from . import ggml, models
 from .arch import LAYER_INPUT, LAYER_OUTPUT, LLM_TENSOR_INFOS
 from .gallocr import alloc_ctx_tensors
 from .ggml import Buffer, Tensor
-from .hparams import (LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_ROPE_SCALING_TYPES, HParams,
-                      UnsupportedModel)
+from .hparams import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_ROPE_SCALING_TYPES, HParams
 from .gguf import BOOL, INT32, UINT32, shown
 from .model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TN, ModelLoader, tn
 
 if TYPE_CHECKING:
     from ..backends.types import BufferType
-    from .gguf import GGUFHeader
 
 
 @dataclass

@@ -13,14 +13,13 @@ ends in a plan (exit 0) or in one "error:" line (exit 2), never a traceback, a M
 from __future__ import annotations
 
 import os
-import struct
 
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from fixtures.fuzz import (ARR, BOOL, F32, I32, KV, PLAN_FLAGS, STR, U32, Case, Draw, Header, Outcome, Worker,
+from fixtures.fuzz import (ARR, BOOL, F32, I32, KV, PLAN_FLAGS, STR, U32, Case, Draw, Header, Worker,
                            classify, fuzz_fixtures, make_case, scalar, string_payload)
 from fixtures.make_gguf import header_path
 from schedplan.cli.main import cli

@@ -11,7 +11,7 @@ import math
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NORM, HParams
-from ..model import Layer, Model, TensorCreator, require
+from ..model import Model, TensorCreator, require
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM

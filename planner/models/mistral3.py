@@ -10,9 +10,10 @@ from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext, kq_sc
 from ..hparams import LLAMA_ROPE_TYPE_NORM, HParams
 from ..model import require_head_sizes_equal
 from ..model_loader import ModelLoader
-from .llama import load_arch_tensors  # noqa: F401  (llama_model_mistral3::load_arch_tensors is llama's)
+from . import llama
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM
+load_arch_tensors = llama.load_arch_tensors   # llama_model_mistral3::load_arch_tensors is llama's, line for line
 
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from .. import ggml
-from ..graph import LLM_FFN_GELU, LLM_FFN_PAR, LLM_NORM_RMS, GraphContext
+from ..graph import LLM_FFN_GELU, LLM_FFN_PAR, LLM_NORM_RMS, GraphContext, c_reciprocal
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_STANDARD, HParams
 from ..model import Model, TensorCreator, load_swa_pattern
 from ..model_loader import TENSOR_DUPLICATED, ModelLoader, tn
@@ -29,8 +29,8 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.f_attn_logit_softcapping = ml.get_f32("%s.attn_logit_softcapping", hp.f_attn_logit_softcapping)
     hp.f_final_logit_softcapping = ml.get_f32("%s.final_logit_softcapping", hp.f_final_logit_softcapping)
     # gemma_pytorch config.py: the 27B scales queries by its hidden size per head, the others by head size
-    hp.f_attention_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head(0) if hp.n_layer == LLM_TYPE_27B_LAYERS
-                                           else hp.n_embd_head_k())
+    hp.f_attention_scale = c_reciprocal(math.sqrt(hp.n_embd // hp.n_head(0) if hp.n_layer == LLM_TYPE_27B_LAYERS
+                                                  else hp.n_embd_head_k()))   # 1/sqrt(0) is inf in C
 
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:

@@ -1,7 +1,9 @@
 """Live randomized differential tests: llama shapes and flags the fixtures do not cover (head sizes
 64/80/96/128, GQA ratios, odd vocabularies, K-quant mixes, tied or not; ubatches, streams, KV types,
-RPC topologies), each planned from its header and run in real llama.cpp. Seeds are fixed, so a
-failure names a reproducible case: `pytest tests/test_live_random.py -k seed7`.
+RPC topologies), and every other architecture's tiny model with its own knobs changed (layers,
+sliding windows, head sizes, expert counts and groups), each planned from its header and run in
+real llama.cpp. Seeds are fixed, so a failure names a reproducible case:
+`pytest tests/test_live_random.py -k seed7`.
 """
 from __future__ import annotations
 
@@ -71,11 +73,41 @@ def random_flags(rng: random.Random, n_layer: int, endpoints: list[str]) -> list
     return flags
 
 
-def _check(seed: int, tmp_path, endpoints: list[str]) -> None:
+# tiny models whose header knobs random_arch_config varies; the hybrid ones keep their layer
+# layout (per-layer arrays and patterns fix it)
+ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "tiny-gemma2", "tiny-gemma3", "tiny-phi3",
+               "tiny-smollm3", "tiny-mistral3", "tiny-mixtral", "tiny-gpt-oss", "tiny-deepseek3", "tiny-qwen35",
+               "tiny-qwen35moe", "tiny-qwen3next", "tiny-lfm2", "tiny-mamba2", "tiny-granitehybrid", "tiny-nemotron-h"]
+FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h"}
+
+
+def random_arch_config(rng: random.Random, name: str) -> dict:
+    cfg = copy.deepcopy(load_config(rng.choice(ARCH_MODELS)))
+    md = cfg["metadata"]
+    arch = md["general.architecture"]
+    p = arch + "."
+    if arch not in FIXED_LAYOUT:
+        md[p + "block_count"] = rng.choice([1, 2, 3, 5, 7])
+    if p + "attention.sliding_window" in md:
+        md[p + "attention.sliding_window"] = rng.choice([32, 64, 128, 512, 1000])
+    if arch == "gemma3":
+        md[p + "attention.key_length"] = md[p + "attention.value_length"] = rng.choice([64, 128, 256])
+    if arch in ("qwen3moe", "qwen2moe", "gpt-oss"):
+        md[p + "expert_count"] = rng.choice([4, 8, 16])
+        md[p + "expert_used_count"] = rng.choice([1, 2, 4])
+    if arch == "deepseek2":
+        md[p + "leading_dense_block_count"] = rng.choice([0, 1])
+        md[p + "expert_group_count"], md[p + "expert_group_used_count"] = rng.choice([(4, 2), (2, 1)])
+    md["general.name"] = cfg["name"] = name
+    return cfg
+
+
+def _check(seed: int, tmp_path, endpoints: list[str], make_config=random_config) -> None:
     rng = random.Random(seed)
-    cfg = random_config(rng, f"random-{seed}")
+    cfg = make_config(rng, f"random-{seed}")
     path = str(write_gguf(cfg, tmp_path / f"random-{seed}.gguf"))
-    flags = random_flags(rng, cfg["metadata"]["llama.block_count"], endpoints)
+    arch = cfg["metadata"]["general.architecture"]
+    flags = random_flags(rng, cfg["metadata"][f"{arch}.block_count"], endpoints)
     params = parse_params(flags)
     try:
         real = run(path, params, tensors=True)
@@ -98,3 +130,13 @@ def test_random_llama_on_cpu(seed, tmp_path):
 @pytest.mark.parametrize("seed", range(100, 112), ids=lambda s: f"seed{s}")
 def test_random_llama_on_rpc_servers(seed, tmp_path, rpc_endpoints):
     _check(seed, tmp_path, rpc_endpoints[: 1 + seed % 2])
+
+
+@pytest.mark.parametrize("seed", range(200, 216), ids=lambda s: f"seed{s}")
+def test_random_architectures_on_cpu(seed, tmp_path):
+    _check(seed, tmp_path, [], random_arch_config)
+
+
+@pytest.mark.parametrize("seed", range(300, 308), ids=lambda s: f"seed{s}")
+def test_random_architectures_on_rpc_servers(seed, tmp_path, rpc_endpoints):
+    _check(seed, tmp_path, rpc_endpoints[: 1 + seed % 2], random_arch_config)

@@ -30,7 +30,8 @@ from .layout import (
     GGML_MAX_SRC, is_contiguous, is_contiguous_1, is_contiguous_2, is_contiguous_rows, nrows, op_param, src, tname,
 )
 from .types import SIZE_MAX, Backend, BufferType
-from ..planner.ggml import GGML_HINT_SRC0_IS_HADAMARD, Tensor, is_quantized, row_size, type_size
+from ..planner.ggml import (GGML_HINT_SRC0_IS_HADAMARD, Tensor, blck_size, is_contiguous_m_n, is_quantized, row_size,
+                            type_size)
 
 ALIGNMENT = 128
 MATRIX_ROW_PADDING = 512          # common.cuh:186
@@ -46,7 +47,7 @@ FATTN_NONE, FATTN_VEC, FATTN_TILE, FATTN_MMA_F16 = 0, 100, 200, 400
 FA_VEC_CASES = {("F16", "F16"), ("Q4_0", "Q4_0"), ("Q8_0", "Q8_0"), ("BF16", "BF16")}
 FA_KV_TYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}        # fa:525
 
-MUL_MAT_TYPES = {"F32", "F16", "Q1_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "NVFP4", "Q2_K", "Q3_K",
+MUL_MAT_TYPES = {"F32", "F16", "Q1_0", "Q2_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "NVFP4", "Q2_K", "Q3_K",
                  "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S",
                  "IQ3_XXS", "IQ4_NL", "IQ4_XS", "BF16"}                                      # cu:5245-5272
 GET_ROWS_TYPES = {"F16", "F32", "BF16", "I32", "Q1_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
@@ -58,6 +59,11 @@ CPY_PAIRS = {("F32", "Q8_0"), ("Q8_0", "F32"), ("F32", "Q4_0"), ("Q4_0", "F32"),
              ("F32", "I32"), ("I32", "F32"), ("I32", "I32")}                                 # cu:5346-5387
 FLOATS = {"F32", "BF16", "F16"}
 GLU_OPS = range(7)                                                                           # cu:5199-5205
+GGML_UNARY_OP_XIELU = 17   # every unary op has a CUDA kernel; XIELU none for BF16 (cu:5164-5193)
+ALWAYS = {"NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "CONT", "SOFT_MAX", "ADD_ID", "ADD1", "SQR", "SQRT",
+          "SIN", "COS", "CLAMP", "LOG", "DUP", "FILL", "CUMSUM", "GATED_DELTA_NET", "PAD",
+          # CUDA >= 11.7 defines GGML_CUDA_USE_CUB (common.cuh:114): argsort and top-k take any row length
+          "ARGSORT", "TOP_K"}                                                                # cu:5472-5611
 
 
 # --- FlashAttention kernel choice and its scratch memory (fa:436-756) -----------------------------
@@ -215,14 +221,33 @@ def supports_op(cc: int, device: str, t: Tensor) -> bool:
         if buft is not None and is_cuda_buft(buft) and buft.device != device:
             return False
     op, s0, s1 = t.op, src(t, 0), src(t, 1)
-    if op in ("NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "CONT", "SOFT_MAX"):
-        return True                                                                  # cu:5472, 5521-5526
+    if op in ALWAYS:
+        return True
+    if op == "UNARY":
+        return not (op_param(t, 0) == GGML_UNARY_OP_XIELU and tname(s0) == "BF16") and is_contiguous(s0)
+    if op == "CONCAT":                                                               # cu:5220-5251
+        return s0.type == s1.type == t.type and (
+            (is_quantized(s0.type) and s0.ne[0] % blck_size(s0.type) == 0 and s1.ne[0] % blck_size(s0.type) == 0
+             and ((op_param(t, 0) == 3 and is_contiguous(s0) and is_contiguous(s1))
+                  or (op_param(t, 0) != 3 and is_contiguous_m_n(s0, 0, 3) and is_contiguous_m_n(s1, 0, 3))))
+            or (not is_quantized(s0.type) and type_size(s0.type) in (1, 2, 4, 8)))
+    if op == "REPEAT":
+        return tname(s0) in ("F32", "F16")                                           # cu:5216-5220
+    if op == "SUM_ROWS":
+        return tname(s0) == "F32" and tname(t) == "F32" and is_contiguous_rows(s0)   # cu:5581
+    if op == "SSM_CONV":
+        return s0.ne[1] % 128 == 0                                                   # cu:5509
+    if op == "SSM_SCAN":                                                             # cu:5492-5506
+        if src(t, 3).ne[0] == 1:   # Mamba-2
+            return s0.ne[0] in (96, 128, 256) and s0.ne[1] % 16 == 0
+        return (op_param(t, 0) <= 1 and s0.ne[0] == 16 and s0.ne[1] == 1 and s0.ne[2] % 128 == 0
+                and src(t, 4).ne[1] == 1)
     if op == "GLU":
         glu = op_param(t, 0)
         if tname(s0) == "BF16" and glu in (3, 6):   # SWIGLU_OAI, SWIGLU_CLAMP
             return False
         return glu in GLU_OPS and is_contiguous_1(s0)                                # cu:5197-5214
-    if op == "MUL_MAT":                                                              # cu:5215-5276
+    if op in ("MUL_MAT", "MUL_MAT_ID"):                                              # cu:5215-5276
         if s0.nb[0] != type_size(s0.type) or s1.nb[0] != type_size(s1.type):
             return False
         if tname(s1) == "F16" and tname(s0) != "F16" and not _mul_mat_use_fwht(t):
@@ -244,7 +269,7 @@ def supports_op(cc: int, device: str, t: Tensor) -> bool:
         return is_contiguous_rows(s0)                                                # cu:5463-5468
     if op == "SCALE":
         return tname(s0) in ("F32", "BF16") and t.type == s0.type                    # cu:5486
-    if op in ("ADD", "MUL"):                                                         # cu:5488-5497
+    if op in ("ADD", "SUB", "MUL", "DIV"):                                           # cu:5488-5497
         if "BF16" in (tname(s0), tname(s1), tname(t)):
             return tname(s0) == "BF16" and tname(t) == "BF16" and tname(s1) in ("BF16", "F32")
         return all(tname(x) in ("F32", "F16") for x in (s0, s1, t))

@@ -170,10 +170,30 @@ def test_cuda_supports_op_for_our_ops():
     assert ok(ggml.mul_mat(w, x))
     # F16 activations need an F16 matrix (cu:5221)
     assert not ok(ggml.mul_mat(ggml.new_tensor(T.Q4_0, 256, 16), ggml.new_tensor(T.F16, 256, 8)))
-    unary = ggml.dup_tensor(x)          # an op no planned architecture builds: refused, not guessed
-    unary.op, unary.src = "UNARY", [x]
+    unknown = ggml.dup_tensor(x)        # an op no planned architecture builds: refused, not guessed
+    unknown.op, unknown.src = "IM2COL_3D", [x]
     with pytest.raises(NotImplementedError):
-        ok(unary)
+        ok(unknown)
+
+
+def test_cuda_supports_the_ops_of_moe_swa_and_recurrent_models():
+    ok = lambda t: cuda.supports_op(890, "CUDA0", t)   # noqa: E731
+    x, h = ggml.new_tensor(T.F32, 256, 8), ggml.new_tensor(T.F16, 256, 8)
+    # every unary op on a contiguous source (cu:5164-5193), XIELU excepted for BF16
+    assert ok(ggml.unary(x, "GELU")) and ok(ggml.unary(x, "TANH")) and ok(ggml.unary(x, "SIGMOID"))
+    assert not ok(ggml.unary(ggml.transpose(x), "GELU"))
+    xielu = ggml.unary(ggml.new_tensor(T.BF16, 256, 8), "SILU")
+    xielu.op_params = (cuda.GGML_UNARY_OP_XIELU,)
+    assert not ok(xielu)
+    # experts: MUL_MAT_ID as MUL_MAT (cu:5215-5276); sorting by CUB on CUDA >= 11.7 (common.cuh:114)
+    experts, ids = ggml.new_tensor(T.MXFP4, 256, 128, 8), ggml.new_tensor(T.I32, 2, 8)
+    assert ok(ggml.mul_mat_id(experts, ggml.new_tensor(T.F32, 256, 1, 8), ids))
+    assert not ok(ggml.mul_mat_id(experts, ggml.new_tensor(T.F16, 256, 1, 8), ids))
+    assert ok(ggml.argsort(ggml.new_tensor(T.F32, 100000, 8)))
+    assert ok(ggml.sum_rows(x)) and not ok(ggml.sum_rows(h))                                    # cu:5581
+    assert ok(ggml.div(x, x)) and ok(ggml.clamp(x, 0.0, 1.0)) and ok(ggml.fill(x, 0.0))
+    # CONCAT: same types; plain types of 1, 2, 4 or 8 bytes (cu:5220-5251)
+    assert ok(ggml.concat(x, x, 0)) and not ok(ggml.concat(x, h, 0))
 
 
 # --- Metal -----------------------------------------------------------------------------------------

@@ -141,6 +141,7 @@ class GGUFHeader:
     file_size: int                   # apparent size of the file as it is (the data may be missing)
     data_size: int = 0               # size of the data section llama.cpp expects (padded tensors)
     kv_types: dict[str, tuple[int, Optional[int]]] = field(default_factory=dict)   # key -> (type, array elem type)
+    tensor_index: dict[str, TensorInfo] = field(default_factory=dict)              # name -> tensor info
 
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
@@ -161,10 +162,7 @@ class GGUFHeader:
         return len(value)
 
     def tensor(self, name: str) -> Optional[TensorInfo]:
-        for t in self.tensors:
-            if t.name == name:
-                return t
-        return None
+        return self.tensor_index.get(name)
 
 
 def read_header(path) -> GGUFHeader:
@@ -283,9 +281,9 @@ class _Parser:
             if alignment == 0 or alignment & (alignment - 1):
                 self.fail(f"alignment {alignment} is not a power of 2")
 
-        tensors, data_size = self.tensor_infos(n_tensors, alignment)
+        tensors, index, data_size = self.tensor_infos(n_tensors, alignment)
         data_offset = _pad(self.pos, alignment) if n_tensors > 0 else self.pos
-        return GGUFHeader(path=self.path, version=version, metadata=metadata, tensors=tensors, alignment=alignment,
+        return GGUFHeader(path=self.path, version=version, metadata=metadata, tensors=tensors, tensor_index=index, alignment=alignment,
                           data_offset=data_offset, file_size=self.end, data_size=data_size, kv_types=kv_types)
 
     def value(self, key: str):
@@ -334,7 +332,8 @@ class _Parser:
         u64, u32, dims, type_off = _U64.unpack_from, _U32.unpack_from, _DIMS, _TYPE_OFFSET.unpack_from
         sizes_of = GGML_TYPE_SIZES
         tensors = []
-        seen = set()
+        index: dict[str, TensorInfo] = {}   # also finds duplicate names, as gguf.cpp does
+        shapes: dict[tuple, tuple] = {}     # one tuple per distinct shape: headers repeat a few per layer
         data_size = 0
         for i in range(n_tensors):
             if pos + 8 > end:
@@ -346,9 +345,8 @@ class _Parser:
                 self.truncated(pos + 8, n + 4, f"tensor {i}")
             name = buf[pos + 8:pos + 8 + n].decode("utf-8", "replace")
             pos += 8 + n
-            if name in seen:
+            if name in index:
                 self.fail(f"duplicate tensor name '{shown(name)}'")
-            seen.add(name)
             n_dims = u32(buf, pos)[0]
             pos += 4
             if n_dims > GGML_MAX_DIMS:
@@ -356,6 +354,7 @@ class _Parser:
             if pos + 8 * n_dims + 12 > end:
                 self.truncated(pos, 8 * n_dims + 12, f"tensor '{shown(name)}'")
             ne = dims[n_dims](buf, pos)
+            ne = shapes.setdefault(ne, ne)
             pos += 8 * n_dims
             ttype, offset = type_off(buf, pos)
             pos += 12
@@ -384,9 +383,11 @@ class _Parser:
             data_size += (nbytes + alignment - 1) // alignment * alignment
             if data_size > SIZE_MAX:
                 self.fail(f"tensor '{shown(name)}': the data section size overflows")
-            tensors.append(TensorInfo(name, ne, ttype, offset))
+            info = TensorInfo(name, ne, ttype, offset)
+            tensors.append(info)
+            index[name] = info
         self.pos = pos
-        return tensors, data_size
+        return tensors, index, data_size
 
     def truncated(self, pos: int, n: int, what: str):
         self.pos, self.what = pos, what

@@ -7,6 +7,7 @@ load_arch_hparams / load_arch_tensors / graph live in planner/models/<arch>.py.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -310,7 +311,8 @@ class TensorCreator:
         n_tensors = len(self.ml.tensors)
         if self.n_created != n_tensors:
             used = {t.name for _, ts in self.ctx.values() for t in ts}
-            unused = sorted(set(self.ml.tensors) - used)
+            # the first few unused names, without a copy of every name (a file may hold 10^5 of them)
+            unused = heapq.nsmallest(4, (name for name in self.ml.tensors if name not in used))
             self.ml.fail(f"wrong number of tensors; expected {n_tensors}, got {self.n_created}"
                          + (f" (not used by the {self.ml.arch} loader: {', '.join(unused[:3])}"
                             f"{', ...' if len(unused) > 3 else ''})" if unused else ""))
@@ -333,7 +335,7 @@ def _alloc_weights(ml: ModelLoader, buft: BufferType, tensors: list[Tensor]) -> 
         return [alloc_ctx_tensors(buft, tensors, usage="weights")]
     buffers = []
     for idx in range(len(ml.files)):
-        in_file = [t for t in tensors if ml.file_of[t.name] == idx]
+        in_file = [t for t in tensors if ml.file_of.get(t.name, 0) == idx]
         if not in_file:
             continue
         buf = Buffer(buft, "weights")

@@ -49,9 +49,8 @@ class ModelLoader:
         self.header_cache = header_cache   # for split parts given as URLs
         self.arch = ""
         self.files: list[GGUFHeader] = [header]
-        self.tensors: dict[str, TensorInfo] = {}
-        self.file_of: dict[str, int] = {}        # tensor name -> index of its file (llama_tensor_weight::idx)
-        self._add_tensors(header, 0)
+        self.tensors: dict[str, TensorInfo] = header.tensor_index   # the parts of a split add theirs
+        self.file_of: dict[str, int] = {}   # name -> index of a split part's file (llama_tensor_weight::idx), 0 if absent
         n_split = self.get_u16(LLM_KV_SPLIT_COUNT, 0)
         if n_split > 1:
             self._load_splits(n_split)   # before the architecture: a later part has none
@@ -62,7 +61,8 @@ class ModelLoader:
             if t.name in self.tensors:
                 self.fail(f"invalid model: tensor '{t.name}' is duplicated")
             self.tensors[t.name] = t
-            self.file_of[t.name] = idx
+            if idx:
+                self.file_of[t.name] = idx
 
     def _load_splits(self, n_split: int) -> None:
         """The split branch of llama_model_loader's constructor: MODEL must be the first part; the
@@ -99,7 +99,7 @@ class ModelLoader:
 
     def data_offset(self, name: str) -> int:
         """Where a tensor's data starts in its file."""
-        return self.files[self.file_of[name]].data_offset + self.tensors[name].offset
+        return self.files[self.file_of.get(name, 0)].data_offset + self.tensors[name].offset
 
     def fail(self, reason: str):
         # names and values from the file may hold anything: one line, of a readable length

@@ -81,7 +81,7 @@ def create_context(model_path: str, params: Params) -> Context:
 
 # llm_arch_is_recurrent, llm_arch_is_hybrid (src/llama-arch.cpp), for the planned architectures
 RECURRENT_ARCHS = frozenset({"mamba2"})
-HYBRID_ARCHS = frozenset({"granitehybrid", "lfm2", "nemotron_h", "qwen3next", "qwen35", "qwen35moe"})
+HYBRID_ARCHS = frozenset({"granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "qwen3next", "qwen35", "qwen35moe"})
 
 
 def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, KVCacheISWA, MemoryRecurrent,

@@ -17,6 +17,7 @@ ARCHS = {
     "gpt-oss": "openai_moe",
     "granitehybrid": "granitehybrid",
     "lfm2": "lfm2",
+    "lfm2moe": "lfm2moe",
     "llama": "llama",
     "mamba2": "mamba2",
     "mistral3": "mistral3",

@@ -21,6 +21,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.n_shortconv_l_cache = ml.get_u32("%s.shortconv.l_cache")
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
     hp.is_recr_arr = tuple(hp.n_head_kv(il) == 0 for il in range(hp.n_layer))
+    hp.n_layer_dense_lead = hp.n_layer   # every FFN dense (lfm2moe shares the graph)
     hp.n_swa = ml.get_u32("%s.attention.sliding_window", 0)
     if hp.n_swa > 0:
         ml.fail(f"{ml.key('%s.attention.sliding_window')}: LFM2 with sliding-window attention "
@@ -56,7 +57,8 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
 
 
 def build(g: GraphContext) -> None:
-    """llama_model_lfm2::graph<false>"""
+    """llama_model_lfm2::graph<false>, also llama_model_lfm2moe's graph: expert FFNs past the
+    leading dense layers."""
     model, hp = g.model, g.hparams
     cur = g.build_inp_embd(model.tok_embd)
     g.cb(cur, "model.embed_tokens", -1)
@@ -79,8 +81,13 @@ def build(g: GraphContext) -> None:
         cur = ggml.add(prev_cur, cur)
         ffn_norm_out = g.build_norm(cur, layer.ffn_norm, None, LLM_NORM_RMS, il)
         g.cb(ffn_norm_out, "model.layers.{}.ffn_norm", il)
-        ffn_out = g.build_ffn(ffn_norm_out, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None,
-                              LLM_FFN_SILU, LLM_FFN_PAR, il)
+        if il >= hp.n_layer_dense_lead:
+            ffn_out = g.build_moe_ffn(ffn_norm_out, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps,
+                                      layer.ffn_down_exps, layer.ffn_exp_probs_b, hp.n_expert, hp.n_expert_used(),
+                                      LLM_FFN_SILU, True, hp.expert_weights_scale, hp.expert_gating_func, il)
+        else:
+            ffn_out = g.build_ffn(ffn_norm_out, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None,
+                                  LLM_FFN_SILU, LLM_FFN_PAR, il)
         g.cb(ffn_norm_out, "model.layers.{}.ffn_out", il)   # sic: names the norm's output
         cur = ggml.add(cur, ffn_out)
         g.cb(cur, "l_out", il)

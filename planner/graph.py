@@ -11,7 +11,7 @@ from typing import Callable, Optional, Union
 
 from . import ggml
 from .cparams import CParams
-from .ggml import Cgraph, Tensor
+from .ggml import Cgraph, GGMLAbort, Tensor
 from .kv_cache import KVCache
 from .kv_cache_iswa import KVCacheISWA
 from .memory_recurrent import MemoryHybrid, MemoryRecurrent
@@ -334,13 +334,16 @@ class GraphContext:
                       type_op: str, norm_w: bool, w_scale: float, gating_op: str, il: int,
                       gate_inp_b: Optional[Tensor] = None, up_exps_b: Optional[Tensor] = None,
                       gate_exps_b: Optional[Tensor] = None, down_exps_b: Optional[Tensor] = None,
-                      gate_up_exps: Optional[Tensor] = None) -> Tensor:
-        """build_moe_ffn: router logits, gating, top-k experts, their weights, the experts' FFN by
-        MUL_MAT_ID, weighting, then one view per used expert summed with adds."""
+                      gate_up_exps: Optional[Tensor] = None, probs_in: Optional[Tensor] = None) -> Tensor:
+        """build_moe_ffn: router logits (or the caller's, probs_in), gating, top-k experts, their
+        weights, the experts' FFN by MUL_MAT_ID, weighting, then one view per used expert summed."""
         hp = self.hparams
         n_embd, n_tokens = cur.ne[0], cur.ne[1]
-        logits = self.build_lora_mm(gate_inp, cur)
-        self.cb(logits, "ffn_moe_logits", il)
+        if probs_in is None:
+            logits = self.build_lora_mm(gate_inp, cur)
+            self.cb(logits, "ffn_moe_logits", il)
+        else:
+            logits = probs_in
         if gate_inp_b is not None:
             logits = ggml.add(logits, gate_inp_b)
             self.cb(logits, "ffn_moe_logits_biased", il)
@@ -410,6 +413,11 @@ class GraphContext:
         if type_op == LLM_FFN_SWIGLU_OAI_MOE:
             cur = ggml.glu_split(cur, up, ggml.GLU_SWIGLU_OAI)
             self.cb(cur, "ffn_moe_swiglu_oai", il)
+        elif type_op == LLM_FFN_RELU_SQR:
+            if has_gate:
+                raise GGMLAbort("llama.cpp would abort: gated squared relu not implemented (build_moe_ffn)")
+            cur = ggml.sqr(ggml.unary(cur, "RELU"))
+            self.cb(cur, "ffn_moe_relu_sqr", il)
         else:
             cur = self.build_ffn_act(cur, up if has_gate else None, type_op, "ffn_moe", il)
 

@@ -92,6 +92,7 @@ class HParams:
     f_logit_scale: float = 0.0
     f_residual_scale: float = 0.0
     n_ff_shexp: int = 0
+    moe_latent_size: int = 0               # nemotron_h_moe: experts work in a smaller latent space
     rope_sections: tuple[int, ...] = (0, 0, 0, 0)
 
     # --- per-layer accessors (llama-hparams.cpp) --------------------------------------------------

@@ -66,6 +66,8 @@ class Layer:
     ffn_up_shexp: Optional[Tensor] = None
     ffn_down_shexp: Optional[Tensor] = None
     ffn_gate_inp_shexp: Optional[Tensor] = None
+    ffn_latent_down: Optional[Tensor] = None
+    ffn_latent_up: Optional[Tensor] = None
     attn_sinks: Optional[Tensor] = None
     wq_a: Optional[Tensor] = None              # multi-head latent attention
     wq_b: Optional[Tensor] = None

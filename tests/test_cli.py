@@ -257,3 +257,18 @@ def test_subprocess_errors(tmp_path, make, args, needles):
     proc = run_schedplan(make(tmp_path), *args)
     assert proc.returncode == 2
     assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, *needles)
+
+
+def test_expert_layer_without_an_expert_size(tmp_path):
+    """nemotron_h_moe sizes a layer's experts by expert_feed_forward_length or n_ff / n_expert_used:
+    with neither (a per-layer used count of 0), llama.cpp divides by zero; we refuse in one line."""
+    import copy
+
+    from fixtures.make_gguf import _write_header, load_config, tensor_specs
+    config = load_config("tiny-nemotron-h-moe")
+    bad = copy.deepcopy(config)
+    del bad["metadata"]["nemotron_h_moe.expert_feed_forward_length"]
+    bad["metadata"]["nemotron_h_moe.expert_used_count"] = [2, 0, 2, 2, 2]
+    path = tmp_path / "bad.gguf"
+    _write_header(bad, path, tensor_specs(config))
+    assert_cli_error(invoke(path), "layer 1 declares neither expert_feed_forward_length nor expert_used_count")

@@ -22,6 +22,7 @@ ARCHS = {
     "mamba2": "mamba2",
     "mistral3": "mistral3",
     "nemotron_h": "nemotron_h",
+    "nemotron_h_moe": "nemotron_h",
     "phi3": "phi3",
     "qwen2": "qwen2",
     "qwen2moe": "qwen2moe",

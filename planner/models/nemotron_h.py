@@ -1,4 +1,6 @@
-"""LLM_ARCH_NEMOTRON_H (src/models/nemotron-h.cpp): NVIDIA Nemotron-H and Nemotron Nano v2, dense.
+"""LLM_ARCH_NEMOTRON_H and LLM_ARCH_NEMOTRON_H_MOE (src/models/nemotron-h.cpp): NVIDIA Nemotron-H,
+Nemotron Nano v2 (dense) and Nemotron 3 Nano/Super (squared-ReLU experts, optionally in a latent
+space, beside a shared expert).
 
 Each block is one of: Mamba-2 (no KV heads, no FFN size), attention without rope (KV heads, no FFN
 size) or a squared-ReLU MLP (an FFN size, no KV heads); llama_memory_hybrid keeps only the first
@@ -7,9 +9,11 @@ two kinds (create_memory's nemotron_h filters), the MLP blocks hold no memory.
 from __future__ import annotations
 
 from .. import ggml
-from ..graph import LLM_FFN_PAR, LLM_FFN_RELU_SQR, LLM_NORM_RMS, GraphContext, kq_scale_for
+from ..ggml import Tensor
+from ..graph import (LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, LLM_FFN_PAR, LLM_FFN_RELU_SQR, LLM_NORM_RMS, GraphContext,
+                     kq_scale_for)
 from ..hparams import LLAMA_ROPE_TYPE_NONE, HParams
-from ..model import Model, TensorCreator, require
+from ..model import Layer, Model, TensorCreator, require
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
 from .mamba2 import build_mamba2_layer, load_mamba2_tensors, load_ssm_hparams
 
@@ -23,9 +27,13 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.ffn_only_arr = tuple(not hp.is_recr(il) and hp.n_ff(il) != 0 for il in range(hp.n_layer))
     hp.f_norm_eps = ml.get_f32("%s.attention.layer_norm_epsilon")
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon", hp.f_norm_eps)
-    if hp.n_expert > 0:
-        ml.fail(f"{ml.key('%s.expert_count')}: Nemotron-H with experts (latent MoE, router logits given to "
-                "build_moe_ffn) is not planned yet")
+    # Puzzle models set a different expert FFN size per layer
+    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer, 0)
+    hp.n_ff_shexp = ml.get_u32("%s.expert_shared_feed_forward_length", 0)
+    hp.n_expert_shared = ml.get_u32("%s.expert_shared_count", 0)
+    hp.expert_weights_norm = ml.get_bool("%s.expert_weights_norm", False)
+    hp.expert_weights_scale = ml.get_f32("%s.expert_weights_scale", 0.0)
+    hp.moe_latent_size = ml.get_u32("%s.moe_latent_size", 0)
     require(ml, hp.n_embd_head_v() == hp.n_embd_head_k(),
             f"the {ml.arch} graph needs equal K and V head sizes (K {hp.n_embd_head_k()}, V {hp.n_embd_head_v()})")
 
@@ -47,12 +55,66 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
             c.create_tensor_qkv(layer, i, n_embd, n_q, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
             layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_q, n_embd))
             layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+        elif hp.n_expert != 0:
+            load_moe_tensors(c, layer, i)
         else:
             n_ff = hp.n_ff(i)
             layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
             layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
             layer.ffn_down_b = c.create_tensor(tn("FFN_DOWN", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
             layer.ffn_up_b = c.create_tensor(tn("FFN_UP", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
+
+
+def load_moe_tensors(c: TensorCreator, layer: Layer, i: int) -> None:
+    """An FFN block with experts: router, optional latent projections, squared-ReLU experts
+    (up/down, no gate) and the shared expert."""
+    hp = c.hparams
+    n_embd, n_expert, n_ff_shexp = hp.n_embd, hp.n_expert, hp.n_ff_shexp
+    moe_n_embd = hp.moe_latent_size if hp.moe_latent_size > 0 else n_embd
+    # per-layer n_ff_exp; absent, n_ff / n_expert_used (an integer division llama.cpp does unchecked)
+    if hp.n_ff_exp(i) == 0 and hp.n_expert_used(i) == 0:
+        c.ml.fail(f"layer {i} declares neither expert_feed_forward_length nor expert_used_count, "
+                  "cannot determine the expert FFN size")
+    n_ff_exp = hp.n_ff_exp(i) or hp.n_ff(i) // hp.n_expert_used(i)
+    layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert))
+    layer.ffn_exp_probs_b = c.create_tensor(tn("FFN_EXP_PROBS_B", "bias", i), (n_expert,))
+    layer.ffn_latent_down = c.create_tensor(tn("FFN_LATENT_DOWN", "weight", i), (n_embd, moe_n_embd),
+                                            TENSOR_NOT_REQUIRED)
+    layer.ffn_latent_up = c.create_tensor(tn("FFN_LATENT_UP", "weight", i), (moe_n_embd, n_embd), TENSOR_NOT_REQUIRED)
+    layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff_exp, moe_n_embd, n_expert))
+    layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (moe_n_embd, n_ff_exp, n_expert))
+    layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (n_ff_shexp, n_embd))
+    layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (n_embd, n_ff_shexp))
+
+
+def build_ffn_layer(g: GraphContext, cur: Tensor, layer: Layer, il: int) -> Tensor:
+    """llama_model_nemotron_h::graph::build_ffn_layer: a squared-ReLU MLP, or the experts on the
+    latent input (router logits computed from the full input and handed in) plus the shared expert."""
+    hp = g.hparams
+    if layer.ffn_gate_inp is None:
+        cur = g.build_ffn(cur, layer.ffn_up, layer.ffn_up_b, None, None, layer.ffn_down, layer.ffn_down_b,
+                          LLM_FFN_RELU_SQR, LLM_FFN_PAR, il)
+        g.cb(cur, "ffn_out", il)
+    else:
+        inp_emb = inp_latent = cur
+        if layer.ffn_latent_down is not None:
+            inp_latent = ggml.mul_mat(layer.ffn_latent_down, cur)
+        router_logits = g.build_lora_mm(layer.ffn_gate_inp, cur)
+        g.cb(router_logits, "ffn_moe_logits", il)
+        moe_out = g.build_moe_ffn(inp_latent, layer.ffn_gate_inp, layer.ffn_up_exps, None, layer.ffn_down_exps,
+                                  layer.ffn_exp_probs_b, hp.n_expert, hp.n_expert_used(il), LLM_FFN_RELU_SQR,
+                                  hp.expert_weights_norm, hp.expert_weights_scale,
+                                  LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, il, probs_in=router_logits)
+        g.cb(moe_out, "ffn_moe_out", il)
+        if layer.ffn_latent_up is not None:
+            moe_out = ggml.mul_mat(layer.ffn_latent_up, moe_out)
+        ffn_shexp = g.build_ffn(inp_emb, layer.ffn_up_shexp, None, None, None, layer.ffn_down_shexp, None,
+                                LLM_FFN_RELU_SQR, LLM_FFN_PAR, il)
+        g.cb(ffn_shexp, "ffn_shexp", il)
+        cur = ggml.add(moe_out, ffn_shexp)
+        g.cb(cur, "ffn_out", il)
+    g.cb(cur, "l_out", il)
+    return cur
 
 
 def build(g: GraphContext) -> None:
@@ -74,10 +136,7 @@ def build(g: GraphContext) -> None:
             cur = g.build_attn(inp.attn, layer.wo, layer.wo_b, q, k, v, kq_scale_for(hp, n_embd_head), il)
             g.cb(cur, "attn_out", il)
         else:
-            cur = g.build_ffn(cur, layer.ffn_up, layer.ffn_up_b, None, None, layer.ffn_down, layer.ffn_down_b,
-                              LLM_FFN_RELU_SQR, LLM_FFN_PAR, il)
-            g.cb(cur, "ffn_out", il)
-            g.cb(cur, "l_out", il)
+            cur = build_ffn_layer(g, cur, layer, il)
         cur = ggml.add(cur, inp_l)
         g.cb(cur, "nemotron_h_block_out", il)
         inp_l = cur

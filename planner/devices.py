@@ -164,10 +164,13 @@ def plan_devices(params: Params, hp: HParams) -> Devices:
     model_devices = [rpc.rpc_backend(endpoint, i) for i, endpoint in enumerate(params.rpc)]
     model_devices += local_devices(params.devices)
     if params.split_mode == "none" and model_devices:
-        if params.main_gpu >= len(model_devices):
+        if params.main_gpu < 0:
+            model_devices = []
+        elif params.main_gpu >= len(model_devices):
             raise BadDevices(f"invalid value for main_gpu: {params.main_gpu} (available devices: "
                              f"{len(model_devices)})")
-        model_devices = [model_devices[params.main_gpu]]   # llama_model_load: only the main device
+        else:
+            model_devices = [model_devices[params.main_gpu]]   # llama_model_load: only the main device
     elif params.split_mode == "row" and model_devices:
         # make_gpu_buft_list (llama-model.cpp:1140-1165): no backend here has split buffers
         raise BadDevices(f"device {model_devices[0].device_name} does not support split buffers (-sm row)")

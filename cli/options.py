@@ -134,6 +134,20 @@ def _check_devices(ctx: click.Context, param: click.Parameter, values: tuple[str
     return tuple(values)
 
 
+def _rpc_endpoints(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--rpc as common/arg.cpp's add_rpc_devices reads it: comma-separated servers, each one
+    HOST:PORT as ggml-rpc's parse_endpoint accepts it (a ':' then what std::stoi reads as an int)."""
+    endpoints = []
+    for value in values:
+        for endpoint in value.split(","):
+            port = endpoint.partition(":")[2]
+            digits = re.match(r"\s*[+-]?[0-9]+", port)
+            if ":" not in endpoint or not digits or not INT32_MIN <= int(digits.group()) <= INT32_MAX:
+                raise click.BadParameter(f"'{endpoint}' is not HOST:PORT (ggml-rpc: failed to parse endpoint)")
+            endpoints.append(endpoint)
+    return tuple(endpoints)
+
+
 def plan_options(func: Callable) -> Callable:
     """Add llama.cpp's context and model flags; the command receives `params: Params`."""
     options = [
@@ -178,8 +192,8 @@ def plan_options(func: Callable) -> Callable:
         click.option("-ncffn", "--n-cpu-ffn", "n_cpu_ffn", type=Int32(min=0), default=0,
                      callback=_add_n_cpu(LLM_FFN_DENSE_REGEX), metavar="N",
                      help="Keep the dense FFN weights of the first N layers on the CPU."),
-        click.option("--rpc", "rpc", multiple=True, metavar="HOST:PORT",
-                     help="A ggml RPC server to use as a device (repeatable)."),
+        click.option("--rpc", "rpc", multiple=True, metavar="HOST:PORT[,...]", callback=_rpc_endpoints,
+                     help="ggml RPC servers to use as devices, comma-separated as llama.cpp takes them (repeatable)."),
         click.option("--no-header-cache", "no_header_cache", is_flag=True,
                      help="For a MODEL given as an http(s) URL: fetch its header again instead of using the copy "
                      "cached under ~/.cache/schedplan/headers (keyed by URL and ETag or size)."),

@@ -272,3 +272,15 @@ def test_expert_layer_without_an_expert_size(tmp_path):
     path = tmp_path / "bad.gguf"
     _write_header(bad, path, tensor_specs(config))
     assert_cli_error(invoke(path), "layer 1 declares neither expert_feed_forward_length nor expert_used_count")
+
+
+@pytest.mark.parametrize("endpoint", [":", "host", "host:", "host:x", "host:99999999999", "a:1,b"])
+def test_rpc_endpoint_that_ggml_rpc_cannot_parse(endpoint):
+    assert_cli_error(invoke(TINY, "--rpc", endpoint), "--rpc", "is not HOST:PORT")
+
+
+def test_rpc_takes_llama_cpps_comma_separated_servers():
+    one_flag = json.loads(invoke(TINY, "-ngl", "99", "--rpc", "127.0.0.1:1,127.0.0.1:2", "--json").output)
+    two_flags = json.loads(invoke(TINY, "-ngl", "99", "--rpc", "127.0.0.1:1", "--rpc", "127.0.0.1:2", "--json").output)
+    assert one_flag == two_flags
+    assert {"RPC0[127.0.0.1:1]", "RPC0[127.0.0.1:2]"} <= set(one_flag["model_buffers"])

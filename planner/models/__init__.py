@@ -23,6 +23,7 @@ ARCHS = {
     "mistral3": "mistral3",
     "nemotron_h": "nemotron_h",
     "nemotron_h_moe": "nemotron_h",
+    "olmoe": "olmoe",
     "phi3": "phi3",
     "qwen2": "qwen2",
     "qwen2moe": "qwen2moe",

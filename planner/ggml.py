@@ -288,12 +288,29 @@ def _unary_like(op: str, a: Tensor, srcs: list, params: tuple = (), inplace: boo
     return _op(r, op, srcs, params)
 
 
+def can_repeat(t0: Tensor, t1: Tensor) -> bool:
+    """ggml_can_repeat: t0 broadcasts to t1's shape (an empty t0 only to an empty t1)."""
+    n0, n1 = _ne4(t0.ne), _ne4(t1.ne)
+    if 0 in n0:
+        return 0 in n1
+    return all(y % x == 0 for x, y in zip(n0, n1))
+
+
+def _binary(op: str, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """ggml_add/mul/div_impl: b broadcasts over a, GGML_ASSERT(ggml_can_repeat(b, a)) (ggml.c)."""
+    if not can_repeat(b, a):
+        na, nb = _ne4(a.ne), _ne4(b.ne)
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c GGML_ASSERT(ggml_can_repeat(b, a))): {op} of "
+                        f"'{a.name}' {list(na)} by '{b.name}' {list(nb)}, which does not repeat to its shape")
+    return _unary_like(op, a, [a, b], inplace=inplace)
+
+
 def add(a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
-    return _unary_like("ADD", a, [a, b], inplace=inplace)
+    return _binary("ADD", a, b, inplace)
 
 
 def mul(a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
-    return _unary_like("MUL", a, [a, b], inplace=inplace)
+    return _binary("MUL", a, b, inplace)
 
 
 def scale(a: Tensor, s: float, inplace: bool = False) -> Tensor:
@@ -345,7 +362,7 @@ def clamp(a: Tensor, lo: float, hi: float) -> Tensor:
 
 
 def div(a: Tensor, b: Tensor) -> Tensor:
-    return _unary_like("DIV", a, [a, b])
+    return _binary("DIV", a, b)
 
 
 def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:

@@ -284,3 +284,15 @@ def test_rpc_takes_llama_cpps_comma_separated_servers():
     two_flags = json.loads(invoke(TINY, "-ngl", "99", "--rpc", "127.0.0.1:1", "--rpc", "127.0.0.1:2", "--json").output)
     assert one_flag == two_flags
     assert {"RPC0[127.0.0.1:1]", "RPC0[127.0.0.1:2]"} <= set(one_flag["model_buffers"])
+
+
+def test_graph_assert_llama_cpp_would_hit_is_one_line(tmp_path):
+    """olmoe's K norm spans n_embd, so a GQA header loads but llama.cpp's graph aborts on
+    GGML_ASSERT(ggml_can_repeat(b, a)) (seen with real llama.cpp): the plan refuses it in one line."""
+    import copy
+
+    from fixtures.make_gguf import load_config, write_gguf
+    config = copy.deepcopy(load_config("tiny-olmoe"))
+    config["metadata"]["olmoe.attention.head_count_kv"] = 2
+    path = write_gguf(config, tmp_path / "gqa.gguf", header_only=True)
+    assert_cli_error(invoke(path), "ggml_can_repeat", "blk.0.attn_k_norm.weight")

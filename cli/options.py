@@ -141,7 +141,7 @@ def _rpc_endpoints(ctx: click.Context, param: click.Parameter, values: tuple[str
     for value in values:
         for endpoint in value.split(","):
             port = endpoint.partition(":")[2]
-            digits = re.match(r"\s*[+-]?[0-9]+", port)
+            digits = _C_INT.match(port)     # std::stoi reads the leading integer
             if ":" not in endpoint or not digits or not INT32_MIN <= int(digits.group()) <= INT32_MAX:
                 raise click.BadParameter(f"'{endpoint}' is not HOST:PORT (ggml-rpc: failed to parse endpoint)")
             endpoints.append(endpoint)

@@ -11,7 +11,7 @@ import math
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_NONE, HParams
-from ..model import Model, TensorCreator, require
+from ..model import Layer, Model, TensorCreator, require
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
@@ -32,28 +32,43 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:
     hp = model.hparams
-    n_embd, n_vocab = hp.n_embd, hp.n_vocab
-    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
-    model.output_norm = c.create_tensor(tn("OUTPUT_NORM_LFM2", "weight"), (n_embd,))
-    model.output = c.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab), TENSOR_NOT_REQUIRED)
-    if model.output is None:
-        model.output = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab), TENSOR_DUPLICATED)
+    n_embd = hp.n_embd
+    load_embd_output_tensors(c, model)
     for i, layer in enumerate(model.layers):
         n_ff = hp.n_ff(i)
         layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,))
         layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
         layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
         layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
-        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
-        if not hp.is_recr(i):
-            layer.attn_q_norm = c.create_tensor(tn("ATTN_Q_NORM", "weight", i), (hp.n_embd_head_k(),))
-            layer.attn_k_norm = c.create_tensor(tn("ATTN_K_NORM", "weight", i), (hp.n_embd_head_k(),))
-            c.create_tensor_qkv(layer, i, n_embd, n_embd, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
-            layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd, n_embd))
-        else:
-            layer.shortconv_conv = c.create_tensor(tn("SHORTCONV_CONV", "weight", i), (hp.n_shortconv_l_cache, n_embd))
-            layer.shortconv_in_proj = c.create_tensor(tn("SHORTCONV_INPROJ", "weight", i), (n_embd, 3 * n_embd))
-            layer.shortconv_out_proj = c.create_tensor(tn("SHORTCONV_OUTPROJ", "weight", i), (n_embd, n_embd))
+        load_operator_tensors(c, layer, i)
+
+
+def load_embd_output_tensors(c: TensorCreator, model: Model) -> None:
+    """Token embeddings, the LFM2 output norm, and the output (tied to the embeddings if absent);
+    lfm2 and lfm2moe create the same."""
+    n_embd, n_vocab = model.hparams.n_embd, model.hparams.n_vocab
+    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
+    model.output_norm = c.create_tensor(tn("OUTPUT_NORM_LFM2", "weight"), (n_embd,))
+    model.output = c.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab), TENSOR_NOT_REQUIRED)
+    if model.output is None:
+        model.output = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab), TENSOR_DUPLICATED)
+
+
+def load_operator_tensors(c: TensorCreator, layer: Layer, i: int) -> None:
+    """A layer's operator after its FFN tensors: the operator norm, then GQA attention with Q/K
+    norms (layers with KV heads) or a short convolution (lfm2 and lfm2moe create the same)."""
+    hp = c.hparams
+    n_embd = hp.n_embd
+    layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
+    if not hp.is_recr(i):
+        layer.attn_q_norm = c.create_tensor(tn("ATTN_Q_NORM", "weight", i), (hp.n_embd_head_k(),))
+        layer.attn_k_norm = c.create_tensor(tn("ATTN_K_NORM", "weight", i), (hp.n_embd_head_k(),))
+        c.create_tensor_qkv(layer, i, n_embd, n_embd, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
+        layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd, n_embd))
+    else:
+        layer.shortconv_conv = c.create_tensor(tn("SHORTCONV_CONV", "weight", i), (hp.n_shortconv_l_cache, n_embd))
+        layer.shortconv_in_proj = c.create_tensor(tn("SHORTCONV_INPROJ", "weight", i), (n_embd, 3 * n_embd))
+        layer.shortconv_out_proj = c.create_tensor(tn("SHORTCONV_OUTPROJ", "weight", i), (n_embd, n_embd))
 
 
 def build(g: GraphContext) -> None:

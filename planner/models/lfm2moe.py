@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_NONE, HParams
 from ..model import Model, TensorCreator, require
-from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
+from ..model_loader import ModelLoader, tn
 from . import lfm2
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
@@ -30,12 +30,8 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:
     hp = model.hparams
-    n_embd, n_vocab, n_expert, n_ff_exp = hp.n_embd, hp.n_vocab, hp.n_expert, hp.n_ff_exp()
-    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
-    model.output_norm = c.create_tensor(tn("OUTPUT_NORM_LFM2", "weight"), (n_embd,))
-    model.output = c.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab), TENSOR_NOT_REQUIRED)
-    if model.output is None:
-        model.output = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab), TENSOR_DUPLICATED)
+    n_embd, n_expert, n_ff_exp = hp.n_embd, hp.n_expert, hp.n_ff_exp()
+    lfm2.load_embd_output_tensors(c, model)
     for i, layer in enumerate(model.layers):
         layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,))
         if i >= hp.n_layer_dense_lead:
@@ -50,13 +46,4 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
             layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
             layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
             layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
-        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
-        if not hp.is_recr(i):
-            layer.attn_q_norm = c.create_tensor(tn("ATTN_Q_NORM", "weight", i), (hp.n_embd_head_k(),))
-            layer.attn_k_norm = c.create_tensor(tn("ATTN_K_NORM", "weight", i), (hp.n_embd_head_k(),))
-            c.create_tensor_qkv(layer, i, n_embd, n_embd, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
-            layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd, n_embd))
-        else:
-            layer.shortconv_conv = c.create_tensor(tn("SHORTCONV_CONV", "weight", i), (hp.n_shortconv_l_cache, n_embd))
-            layer.shortconv_in_proj = c.create_tensor(tn("SHORTCONV_INPROJ", "weight", i), (n_embd, 3 * n_embd))
-            layer.shortconv_out_proj = c.create_tensor(tn("SHORTCONV_OUTPROJ", "weight", i), (n_embd, n_embd))
+        lfm2.load_operator_tensors(c, layer, i)

@@ -310,11 +310,11 @@ class TensorCreator:
             model.output = self.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab), TENSOR_DUPLICATED)
 
     def done_getting_tensors(self) -> None:
-        n_tensors = len(self.ml.tensors)
+        n_tensors = self.ml.n_tensors
         if self.n_created != n_tensors:
             used = {t.name for _, ts in self.ctx.values() for t in ts}
             # the first few unused names, without a copy of every name (a file may hold 10^5 of them)
-            unused = heapq.nsmallest(4, (name for name in self.ml.tensors if name not in used))
+            unused = heapq.nsmallest(4, (name for name in self.ml.tensor_names() if name not in used))
             self.ml.fail(f"wrong number of tensors; expected {n_tensors}, got {self.n_created}"
                          + (f" (not used by the {self.ml.arch} loader: {', '.join(unused[:3])}"
                             f"{', ...' if len(unused) > 3 else ''})" if unused else ""))
@@ -336,12 +336,13 @@ def _alloc_weights(ml: ModelLoader, buft: BufferType, tensors: list[Tensor]) -> 
     if not buft.name.endswith("_Mapped"):
         return [alloc_ctx_tensors(buft, tensors, usage="weights")]
     buffers = []
+    weights = {t.name: ml.get_weight(t.name) for t in tensors}
     for idx in range(len(ml.files)):
-        in_file = [t for t in tensors if ml.file_of.get(t.name, 0) == idx]
+        in_file = [t for t in tensors if weights[t.name].idx == idx]
         if not in_file:
             continue
         buf = Buffer(buft, "weights")
-        offs = {t.name: ml.data_offset(t.name) for t in in_file}
+        offs = {t.name: weights[t.name].offs for t in in_file}
         first = min(offs.values())
         buf.size = max(offs[t.name] + t.nbytes for t in in_file) - first
         for t in in_file:

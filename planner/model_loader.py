@@ -7,7 +7,7 @@ llama.cpp requires; nothing is allocated in proportion to a header value before 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional
 
 from .arch import LLM_TENSOR_INFOS
 from .download import read_model_header
@@ -23,6 +23,14 @@ TENSOR_NOT_REQUIRED, TENSOR_DUPLICATED = 1, 2
 
 # the array element types get_arr reads at all (others: "is not a string/float32/uint32/int32/uint64 array")
 _ARRAY_ELEM_TYPES = (BOOL, UINT32, INT32, UINT64, FLOAT32, STRING)
+
+
+class TensorWeight(NamedTuple):
+    """llama_tensor_weight: the file holding a tensor (its index in the loader's files), where its
+    data starts there, and its info."""
+    idx: int
+    offs: int
+    info: TensorInfo
 
 
 @dataclass(frozen=True)
@@ -49,20 +57,30 @@ class ModelLoader:
         self.header_cache = header_cache   # for split parts given as URLs
         self.arch = ""
         self.files: list[GGUFHeader] = [header]
-        self.tensors: dict[str, TensorInfo] = header.tensor_index   # the parts of a split add theirs
-        self.file_of: dict[str, int] = {}   # name -> index of a split part's file (llama_tensor_weight::idx), 0 if absent
+        self.n_tensors = len(header.tensors)   # the parts of a split add theirs
         n_split = self.get_u16(LLM_KV_SPLIT_COUNT, 0)
         if n_split > 1:
             self._load_splits(n_split)   # before the architecture: a later part has none
         self.arch = header.arch()
 
-    def _add_tensors(self, header: GGUFHeader, idx: int) -> None:
-        for t in header.tensors:
-            if t.name in self.tensors:
-                self.fail(f"invalid model: tensor '{t.name}' is duplicated")
-            self.tensors[t.name] = t
-            if idx:
-                self.file_of[t.name] = idx
+    def _add_tensors(self, header: GGUFHeader) -> None:
+        for name in (t.name for t in header.tensors):
+            if self.get_weight(name) is not None:
+                self.fail(f"invalid model: tensor '{name}' is duplicated")
+        self.files.append(header)
+        self.n_tensors += len(header.tensors)
+
+    def get_weight(self, name: str) -> Optional[TensorWeight]:
+        """llama_model_loader::get_weight: None when no file holds the tensor."""
+        for idx, file in enumerate(self.files):
+            info = file.tensor(name)
+            if info is not None:
+                return TensorWeight(idx, file.data_offset + info.offset, info)
+        return None
+
+    def tensor_names(self) -> Iterator[str]:
+        """The names of every file's tensors (weights_map's keys)."""
+        return (t.name for file in self.files for t in file.tensors)
 
     def _load_splits(self, n_split: int) -> None:
         """The split branch of llama_model_loader's constructor: MODEL must be the first part; the
@@ -90,16 +108,11 @@ class ModelLoader:
             if t != UINT16 or part.get(LLM_KV_SPLIT_NO) != idx:   # gguf_get_val_u16 asserts the type
                 self.fail(f"invalid split file idx: {shown(repr(part.get(LLM_KV_SPLIT_NO)), 40)} "
                           f"(file: {paths[idx]}), expected {idx}: a part of another split?")
-            self.files.append(part)
-            self._add_tensors(part, idx)
+            self._add_tensors(part)
         n_tensors = self._get(LLM_KV_SPLIT_TENSORS_COUNT, INT32, None)
-        if n_tensors != len(self.tensors):
-            self.fail(f"corrupted model: {n_tensors} tensors expected but {len(self.tensors)} found "
+        if n_tensors != self.n_tensors:
+            self.fail(f"corrupted model: {n_tensors} tensors expected but {self.n_tensors} found "
                       f"in {n_split} parts: a part of another split?")
-
-    def data_offset(self, name: str) -> int:
-        """Where a tensor's data starts in its file."""
-        return self.files[self.file_of.get(name, 0)].data_offset + self.tensors[name].offset
 
     def fail(self, reason: str):
         # names and values from the file may hold anything: one line, of a readable length
@@ -186,11 +199,12 @@ class ModelLoader:
 
     def check_tensor_dims(self, name: str, ne: tuple[int, ...], required: bool) -> Optional[TensorInfo]:
         """llama_model_loader::check_tensor_dims"""
-        cur = self.tensors.get(name)
-        if cur is None:
+        weight = self.get_weight(name)
+        if weight is None:
             if required:
                 self.fail(f"tensor '{name}' not found (llama.cpp: check_tensor_dims)")
             return None
+        cur = weight.info
         want = tuple(ne) + (1,) * (4 - len(ne))
         have = tuple(cur.ne) + (1,) * (4 - len(cur.ne))
         if want != have:

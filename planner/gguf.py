@@ -10,7 +10,8 @@ plans exactly like the model (only the header is read).
 
 Scalars are decoded; arrays of at most SMALL_ARRAY elements become Python lists; longer arrays
 (vocabularies, merges, scores) stay undecoded as LazyArray. Long string arrays are skipped with a
-vectorised scan (see _skip_strings), so a 262144-token vocabulary costs a few milliseconds.
+vectorised scan (see _skip_strings), so a 262144-token vocabulary costs a few milliseconds. Tensor
+infos are kept column by column (TensorInfos): tens of bytes each, however many the file holds.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import itertools
 import mmap
 import os
 import struct
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -100,6 +103,87 @@ class TensorInfo:
         return self.n_elements // blck * size
 
 
+@dataclass
+class TensorInfos(Sequence[TensorInfo]):
+    """gguf_context's tensor infos, column by column: a file may hold hundreds of thousands of them,
+    so there is no object per tensor (a TensorInfo is made when one is asked for). Names are one
+    UTF-8 buffer (invalid bytes replaced, so names compare as the text they decode to); gguf_find_tensor
+    is an open-addressing hash index of ids, at most half full."""
+    _names: bytearray = field(default_factory=bytearray)
+    _name_offs: array = field(default_factory=lambda: array("Q", [0]))    # name i: _names[offs[i]:offs[i + 1]]
+    _n_dims: array = field(default_factory=lambda: array("B"))
+    _ne: array = field(default_factory=lambda: array("q"))                # GGML_MAX_DIMS per tensor, 1 past n_dims
+    _types: array = field(default_factory=lambda: array("i"))
+    _offsets: array = field(default_factory=lambda: array("Q"))
+    _index: array = field(default_factory=lambda: array("i", [-1]) * 16, compare=False)   # slot -> id, -1 free
+
+    def __len__(self) -> int:
+        return len(self._types)
+
+    def __getitem__(self, i: int) -> TensorInfo:
+        if i < 0:
+            i += len(self._types)
+        ttype = self._types[i]                # IndexError past either end
+        ne = self._ne[GGML_MAX_DIMS * i:GGML_MAX_DIMS * i + self._n_dims[i]]
+        return TensorInfo(self.name(i), tuple(ne), ttype, self._offsets[i])
+
+    def name(self, i: int) -> str:
+        """gguf_get_tensor_name"""
+        return self._names[self._name_offs[i]:self._name_offs[i + 1]].decode()
+
+    def names(self) -> Iterator[str]:
+        return map(self.name, range(len(self._types)))
+
+    def find(self, name: str) -> int:
+        """gguf_find_tensor: the id of the tensor called `name`, or -1."""
+        return self._index[self._slot(name.encode())]
+
+    def add_name(self, name: str) -> bool:
+        """The name of the next tensor, as gguf.cpp reads it first: False (nothing added) when a
+        tensor has it already. append() adds the rest of the tensor's info."""
+        key = name.encode()
+        slot = self._slot(key)
+        if self._index[slot] >= 0:
+            return False
+        self._index[slot] = len(self._types)
+        self._names += key
+        self._name_offs.append(len(self._names))
+        return True
+
+    def append(self, ne: tuple[int, ...], ttype: int, offset: int) -> None:
+        """The rest of the info of the tensor whose name add_name() added last."""
+        self._n_dims.append(len(ne))
+        self._ne.extend(ne + _ONES[len(ne):])
+        self._types.append(ttype)
+        self._offsets.append(offset)
+        if 2 * len(self._types) > len(self._index):
+            self._grow()
+
+    def _grow(self) -> None:
+        """Twice the slots, every id placed again (the names are distinct: no comparisons)."""
+        index = array("i", [-1]) * (2 * len(self._index))
+        mask, names, offs = len(index) - 1, self._names, self._name_offs
+        for i in range(len(self._types)):
+            slot = hash(bytes(names[offs[i]:offs[i + 1]])) & mask
+            while index[slot] >= 0:
+                slot = (slot + 1) & mask
+            index[slot] = i
+        self._index = index
+
+    def _slot(self, key: bytes) -> int:
+        """Linear probing from the key's hash (salted per process, as a dict's): the slot holding
+        the key's id, or the free slot where it goes."""
+        index, names, offs = self._index, self._names, self._name_offs
+        mask = len(index) - 1
+        slot = hash(key) & mask
+        while (i := index[slot]) >= 0 and names[offs[i]:offs[i + 1]] != key:
+            slot = (slot + 1) & mask
+        return slot
+
+
+_ONES = (1,) * GGML_MAX_DIMS
+
+
 @dataclass(frozen=True)
 class LazyArray:
     """A long metadata array left undecoded: its element type, length and file offset (first element)."""
@@ -135,13 +219,12 @@ class GGUFHeader:
     path: str
     version: int
     metadata: dict[str, object]
-    tensors: list[TensorInfo]
+    tensors: TensorInfos
     alignment: int
     data_offset: int                 # absolute offset of the tensor data section
     file_size: int                   # apparent size of the file as it is (the data may be missing)
     data_size: int = 0               # size of the data section llama.cpp expects (padded tensors)
     kv_types: dict[str, tuple[int, Optional[int]]] = field(default_factory=dict)   # key -> (type, array elem type)
-    tensor_index: dict[str, TensorInfo] = field(default_factory=dict)              # name -> tensor info
 
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
@@ -162,7 +245,8 @@ class GGUFHeader:
         return len(value)
 
     def tensor(self, name: str) -> Optional[TensorInfo]:
-        return self.tensor_index.get(name)
+        i = self.tensors.find(name)
+        return self.tensors[i] if i >= 0 else None
 
 
 def read_header(path) -> GGUFHeader:
@@ -281,9 +365,9 @@ class _Parser:
             if alignment == 0 or alignment & (alignment - 1):
                 self.fail(f"alignment {alignment} is not a power of 2")
 
-        tensors, index, data_size = self.tensor_infos(n_tensors, alignment)
+        tensors, data_size = self.tensor_infos(n_tensors, alignment)
         data_offset = _pad(self.pos, alignment) if n_tensors > 0 else self.pos
-        return GGUFHeader(path=self.path, version=version, metadata=metadata, tensors=tensors, tensor_index=index, alignment=alignment,
+        return GGUFHeader(path=self.path, version=version, metadata=metadata, tensors=tensors, alignment=alignment,
                           data_offset=data_offset, file_size=self.end, data_size=data_size, kv_types=kv_types)
 
     def value(self, key: str):
@@ -325,15 +409,13 @@ class _Parser:
             return LazyArray(etype, count, start, self.path)
         return _unpack_array(etype, count, self.buf, start)
 
-    def tensor_infos(self, n_tensors: int, alignment: int) -> tuple[list[TensorInfo], int]:
+    def tensor_infos(self, n_tensors: int, alignment: int) -> tuple[TensorInfos, int]:
         """The tensor infos and the data section size; checks as gguf.cpp, inlined for speed
         (MoE models have thousands of tensors)."""
         buf, end, pos = self.buf, self.end, self.pos
         u64, u32, dims, type_off = _U64.unpack_from, _U32.unpack_from, _DIMS, _TYPE_OFFSET.unpack_from
         sizes_of = GGML_TYPE_SIZES
-        tensors = []
-        index: dict[str, TensorInfo] = {}   # also finds duplicate names, as gguf.cpp does
-        shapes: dict[tuple, tuple] = {}     # one tuple per distinct shape: headers repeat a few per layer
+        tensors = TensorInfos()
         data_size = 0
         for i in range(n_tensors):
             if pos + 8 > end:
@@ -345,7 +427,7 @@ class _Parser:
                 self.truncated(pos + 8, n + 4, f"tensor {i}")
             name = buf[pos + 8:pos + 8 + n].decode("utf-8", "replace")
             pos += 8 + n
-            if name in index:
+            if not tensors.add_name(name):
                 self.fail(f"duplicate tensor name '{shown(name)}'")
             n_dims = u32(buf, pos)[0]
             pos += 4
@@ -354,7 +436,6 @@ class _Parser:
             if pos + 8 * n_dims + 12 > end:
                 self.truncated(pos, 8 * n_dims + 12, f"tensor '{shown(name)}'")
             ne = dims[n_dims](buf, pos)
-            ne = shapes.setdefault(ne, ne)
             pos += 8 * n_dims
             ttype, offset = type_off(buf, pos)
             pos += 12
@@ -383,11 +464,9 @@ class _Parser:
             data_size += (nbytes + alignment - 1) // alignment * alignment
             if data_size > SIZE_MAX:
                 self.fail(f"tensor '{shown(name)}': the data section size overflows")
-            info = TensorInfo(name, ne, ttype, offset)
-            tensors.append(info)
-            index[name] = info
+            tensors.append(ne, ttype, offset)
         self.pos = pos
-        return tensors, index, data_size
+        return tensors, data_size
 
     def truncated(self, pos: int, n: int, what: str):
         self.pos, self.what = pos, what

@@ -64,7 +64,7 @@ class ModelLoader:
         self.arch = header.arch()
 
     def _add_tensors(self, header: GGUFHeader) -> None:
-        for name in (t.name for t in header.tensors):
+        for name in header.tensors.names():
             if self.get_weight(name) is not None:
                 self.fail(f"invalid model: tensor '{name}' is duplicated")
         self.files.append(header)
@@ -80,7 +80,7 @@ class ModelLoader:
 
     def tensor_names(self) -> Iterator[str]:
         """The names of every file's tensors (weights_map's keys)."""
-        return (t.name for file in self.files for t in file.tensors)
+        return (name for file in self.files for name in file.tensors.names())
 
     def _load_splits(self, n_split: int) -> None:
         """The split branch of llama_model_loader's constructor: MODEL must be the first part; the

@@ -110,7 +110,7 @@ def test_version_2_reads_like_3(tmp_path):
 def test_no_tensors_no_padding(tmp_path):
     data, end_infos = build(tensors=[])
     h = read_header(_write(tmp_path, data))
-    assert h.tensors == [] and h.data_offset == end_infos and h.data_size == 0
+    assert len(h.tensors) == 0 and h.data_offset == end_infos and h.data_size == 0
 
 
 @pytest.mark.parametrize("cut", ["infos", "padding", "data"])
@@ -241,6 +241,33 @@ def test_absurd_counts_allocate_nothing(tmp_path, name):
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
+
+
+def test_tensor_table_finds_every_name_in_tens_of_bytes_each(tmp_path):
+    """Tensor infos are a columnar table (no object per tensor) whose hash index finds each one."""
+    n = 20000
+    tensors = [(f"blk.{i}.w", (32, i % 7 + 1), 0) for i in range(n)]
+    p = _write(tmp_path, build(kvs=KVS[:1], tensors=tensors, alignment=32)[0])
+    tracemalloc.start()
+    try:
+        h = read_header(p)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < 100 * n
+    assert len(h.tensors) == n and all(h.tensors.find(name) == i for i, (name, _, _) in enumerate(tensors))
+    offset = sum(32 * (i % 7 + 1) * 4 for i in range(4321))     # F32, each a multiple of the alignment
+    assert h.tensor("blk.4321.w") == TensorInfo("blk.4321.w", (32, 3), 0, offset) == h.tensors[4321]
+    assert h.tensors[-1] == h.tensors[n - 1] and h.tensors.find("blk.20000.w") == -1 and h.tensor("w") is None
+    with pytest.raises(IndexError):
+        h.tensors[n]
+
+
+def test_tensor_names_compare_as_decoded(tmp_path):
+    """Invalid UTF-8 in a name is replaced before names are compared, as the loader sees them."""
+    p = _write(tmp_path, build(tensors=[(b"a\xff", (4,), 0), (b"a\xfe", (4,), 0)])[0])
+    with pytest.raises(GGUFError, match="duplicate tensor name 'a\ufffd'"):
+        read_header(p)
 
 
 def test_not_a_file(tmp_path):

@@ -31,6 +31,21 @@ def read_model_header(path, use_cache: bool = True) -> GGUFHeader:
     return read_remote_header(path, use_cache) if is_url(path) else read_header(path)
 
 
+def common_get_model_endpoint() -> str:
+    """common/common.cpp: MODEL_ENDPOINT, else HF_ENDPOINT, else the Hub; always ending in '/'."""
+    endpoint = os.environ.get("MODEL_ENDPOINT") or os.environ.get("HF_ENDPOINT") or "https://huggingface.co/"
+    return endpoint if endpoint.endswith("/") else endpoint + "/"
+
+
+def bearer_headers(url: str) -> dict[str, str]:
+    """HF_TOKEN as the Authorization of a file's requests. llama.cpp sends it with every download
+    (common_download_file_single_online, bearer_token); schedplan only to URLs under the model
+    endpoint, so that a URL naming another server never receives the token. (requests drops it
+    on a redirect to another host, such as the Hub's to its storage.)"""
+    token = os.environ.get("HF_TOKEN", "")
+    return {"Authorization": f"Bearer {token}"} if token and url.startswith(common_get_model_endpoint()) else {}
+
+
 def header_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "schedplan" / "headers"
 
@@ -39,6 +54,7 @@ def read_remote_header(url: str, use_cache: bool = True) -> GGUFHeader:
     import requests   # only here: a local plan never pays its import
 
     with requests.Session() as session:
+        session.headers.update(bearer_headers(url))
         total, etag = _probe(session, url)
         key = hashlib.sha256(f"{url}\n{etag or total}".encode()).hexdigest()[:24]
         cached = header_cache_dir() / f"{key}.gguf"
@@ -57,7 +73,7 @@ def read_remote_header(url: str, use_cache: bool = True) -> GGUFHeader:
 
 def _probe(session, url: str) -> tuple[int, Optional[str]]:
     """HEAD (redirects followed): the size, the ETag, and whether byte ranges are served."""
-    r = _request(session.head, url, allow_redirects=True)
+    r = request(session.head, url, allow_redirects=True)
     _check_status(r, url)
     if r.headers.get("Accept-Ranges", "").lower() != "bytes":
         raise RemoteError(f"{url}: the server does not serve byte ranges (Accept-Ranges: bytes), so only "
@@ -71,7 +87,7 @@ def _probe(session, url: str) -> tuple[int, Optional[str]]:
 
 def _get_range(session, url: str, start: int, end: int, total: int) -> bytes:
     """Bytes [start, end) as a 206 answer; anything else is one line, never the whole file."""
-    r = _request(session.get, url, headers={"Range": f"bytes={start}-{end - 1}"}, stream=True)
+    r = request(session.get, url, headers={"Range": f"bytes={start}-{end - 1}"}, stream=True)
     with r:
         _check_status(r, url)
         if r.status_code != 206:
@@ -87,7 +103,7 @@ def _get_range(session, url: str, start: int, end: int, total: int) -> bytes:
     return data
 
 
-def _request(method, url: str, **kwargs):
+def request(method, url: str, **kwargs):
     import requests
 
     try:
@@ -101,6 +117,10 @@ def _request(method, url: str, **kwargs):
 def _check_status(r, url: str) -> None:
     if r.status_code == 404:
         raise RemoteError(f"{url}: not found (HTTP 404)")
+    if r.status_code in (401, 403) and url.startswith(common_get_model_endpoint()):
+        hint = ("HF_TOKEN was sent: does it grant access to this file?" if "Authorization" in r.request.headers
+                else "a gated or private file needs HF_TOKEN")
+        raise RemoteError(f"{url}: HTTP {r.status_code} ({hint})")
     if r.status_code >= 400:
         raise RemoteError(f"{url}: HTTP {r.status_code}")
 

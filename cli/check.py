@@ -15,9 +15,10 @@ from tabulate import tabulate
 
 from .errors import USER_ERRORS, die, fail_cleanly
 from .flags import given_flags, label
-from .options import parse_params, plan_options
+from .options import model_options, parse_params, plan_options
 from .reserve import count, signed
 from ..planner import LLAMA_CPP_COMMIT
+from ..planner.download import is_url
 from ..planner.params import Params
 
 BASELINE_SCHEMA = "schedplan.baseline/1"
@@ -231,7 +232,8 @@ def load_manifest(path: str) -> list[Entry]:
                 raise BadInput(f"{path}: entry {i}: cannot split flags {flags!r}: {err}")
         if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
             raise BadInput(f"{path}: entry {i}: flags must be a string or a list of strings")
-        out.append(Entry(str(folder / e["model"]), flags, str(folder / e["baseline"])))
+        model = e["model"] if is_url(e["model"]) else str(folder / e["model"])
+        out.append(Entry(model, flags, str(folder / e["baseline"])))
     return out
 
 
@@ -305,7 +307,7 @@ def junit_xml(checks: list[ConfigCheck], tolerance: Tolerance) -> str:
 # --- commands -----------------------------------------------------------------------------------
 
 @click.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_options()
 @plan_options
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
               help="The baseline file to write (JSON).")
@@ -335,13 +337,14 @@ def baseline(model: str, params: Params, output: str, print_json: bool) -> None:
 
 
 @click.command()
-@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@model_options(required=False)
 @plan_options
 @click.option("--baseline", "baseline_path", metavar="FILE", help="The baseline to check against (from `baseline`).")
 @click.option("--manifest", metavar="FILE",
               help="Check every configuration a manifest lists instead: a JSON list of {\"model\", \"flags\", "
                    "\"baseline\"} objects, or a .toml file of [[check]] tables with those keys. flags is a "
-                   "string (\"-c 4096 -fa on\") or a list; relative paths are relative to the manifest.")
+                   "string (\"-c 4096 -fa on\") or a list; relative paths are relative to the manifest; "
+                   "model may be an http(s) URL.")
 @click.option("--tolerance", type=ToleranceType(), default="0", show_default=True,
               help="How much a byte figure may grow: N% of its baseline value (1%, 0.5%) or an absolute size "
                    "in bytes, KiB, MiB or GiB (4096, 512KiB, 4MiB). Growth equal to the tolerance passes.")

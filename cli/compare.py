@@ -11,7 +11,7 @@ from tabulate import tabulate
 
 from .errors import die, fail_cleanly
 from .flags import given_flags, label
-from .options import parse_params, plan_options
+from .options import model_options, parse_params, plan_options
 from .reserve import count, mib, peak_at, signed
 from ..planner.params import Params
 
@@ -151,7 +151,7 @@ def _side_flags(shared: list[str], extra: str) -> list[str]:
 
 
 @click.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_options(then="model_b")
 @click.argument("model_b", required=False, type=click.Path(dir_okay=False))
 @plan_options
 @click.option("--a", "flags_a", default="", metavar="FLAGS",
@@ -166,7 +166,8 @@ def compare(model: str, model_b: Optional[str], params: Params, flags_a: str, fl
     """Compare two plans, or the pp and tg graphs of one plan.
 
     Side A plans MODEL with the shared flags then --a; side B plans MODEL_B (default: MODEL) with
-    the shared flags then --b. With --pp-vs-tg, A is the pp graph and B the tg graph of one plan.
+    the shared flags then --b (with -hf or -mu in MODEL's place, a single positional is MODEL_B).
+    With --pp-vs-tg, A is the pp graph and B the tg graph of one plan.
 
     Prints, side by side with deltas: bytes per buffer type and kind (model, KV, output, compute),
     graph nodes and splits, the effective parameters that differ, and for each compute buffer the

@@ -4,11 +4,13 @@ from __future__ import annotations
 import functools
 import re
 import struct
-from typing import Callable
+from typing import Callable, Optional
 
 import click
 
+from .errors import fail_cleanly
 from ..planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device
+from ..planner.download import is_url
 from ..planner.hparams import LLAMA_MAX_LAYERS
 from ..planner.params import KV_TYPES, Params
 
@@ -233,3 +235,51 @@ def parse_params(args: list[str]) -> Params:
         return params
 
     return _collect.main(list(args), standalone_mode=False)
+
+
+def model_options(required: bool = True, then: Optional[str] = None) -> Callable:
+    """MODEL, or llama.cpp's -mu URL or -hf USER/MODEL[:QUANT] (-hff FILE) in its place; the command
+    receives `model`: the path or URL, for -hf the resolve URL of the file llama.cpp would download
+    (planner/hf.py), None when it is not required and not given. `then` names the command's next
+    positional argument (compare's MODEL_B): with -mu or -hf, a lone positional is that one."""
+    options = [
+        click.argument("model", required=False, type=click.Path(dir_okay=False)),
+        click.option("-mu", "--model-url", "model_url", metavar="URL",
+                     help="The model as an http(s) URL (of a file or a split's first part), as MODEL may also be "
+                     "given: only its header is fetched, by range requests."),
+        click.option("-hf", "-hfr", "--hf-repo", "hf_repo", metavar="<user>/<model>[:quant]",
+                     help="The model as a Hugging Face repository: the file llama.cpp picks (the first GGUF "
+                     "whose name has the quant, case-insensitive, followed by '.' or '-'; default Q4_K_M, then "
+                     "Q8_0, then the first GGUF; a split's first part) is planned from its header, fetched by "
+                     "range requests. HF_TOKEN authorizes, MODEL_ENDPOINT or HF_ENDPOINT replaces "
+                     "https://huggingface.co/."),
+        click.option("-hff", "--hf-file", "hf_file", metavar="FILE",
+                     help="The file of the -hf repository to plan (its path in the repository), instead of the quant."),
+    ]
+
+    def decorate(func: Callable) -> Callable:
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            model, url, repo, file = kwargs["model"], kwargs.pop("model_url"), kwargs.pop("hf_repo"), kwargs.pop("hf_file")
+            if then is not None and (url or repo) and model is not None and kwargs[then] is None:
+                model, kwargs[then] = None, model
+            given = [name for name, value in (("MODEL", model), ("-mu", url), ("-hf", repo)) if value]
+            if len(given) > 1:
+                raise click.UsageError(f"{' and '.join(given)} each name the model: give one of them")
+            if file and not repo:
+                raise click.UsageError("-hff names a file of the -hf repository: give -hf too")
+            if url and not is_url(url):
+                raise click.BadParameter(f"{url!r} is not an http(s) URL", param_hint="'-mu' / '--model-url'")
+            if repo:
+                from ..planner.hf import common_download_get_hf_plan
+                with fail_cleanly():
+                    model = common_download_get_hf_plan(repo, file or "").url
+            kwargs["model"] = model or url
+            if required and kwargs["model"] is None:
+                raise click.UsageError("missing MODEL (a GGUF file or http(s) URL), or -hf or -mu in its place")
+            return func(*args, **kwargs)
+
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+    return decorate

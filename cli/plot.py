@@ -9,7 +9,7 @@ import click
 
 from .errors import die, fail_cleanly
 from .flags import given_flags, label
-from .options import plan_options
+from .options import model_options, plan_options
 from .reserve import peak_at
 from ..planner.params import Params
 from ..planner.timeline import Lifetime, alive_at, lifetimes
@@ -109,7 +109,7 @@ def _label_peak_tensors(ax, hot: list[Lifetime], peak: dict, unit: tuple[str, in
 
 
 @click.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_options()
 @plan_options
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
               help="The image to write: FILE.png or FILE.svg.")

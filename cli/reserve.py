@@ -7,7 +7,7 @@ import click
 from tabulate import tabulate
 
 from .errors import fail_cleanly
-from .options import plan_options
+from .options import model_options, plan_options
 from ..planner.params import Params
 
 MiB = 1024 * 1024
@@ -28,7 +28,7 @@ def signed(delta: int) -> str:
 
 
 @click.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_options()
 @plan_options
 @click.option("--tensors", is_flag=True, help="List every tensor of the graph with its buffer and offset.")
 @click.option("--peak", is_flag=True,
@@ -42,8 +42,9 @@ def reserve(model: str, params: Params, tensors: bool, peak: bool, graph: str, a
     """Plan the buffers llama.cpp reserves for MODEL (a GGUF file; only its header is read).
 
     MODEL may be the first part of a split GGUF (NAME-00001-of-0000N.gguf: the other parts are read
-    beside it), or an http(s) URL of either: then only the header is fetched, by range requests,
-    and cached (see --no-header-cache).
+    beside it), or an http(s) URL of either (also as -mu URL), or the file llama.cpp picks in a
+    Hugging Face repository (-hf USER/MODEL[:QUANT], -hff FILE): then only the header is fetched,
+    by range requests, and cached (see --no-header-cache).
 
     Prints, per buffer type, the compute buffer (the worst case of the pp and tg graphs), the KV
     cache, the output buffer and the model weights, in MiB and bytes; pp and tg graph nodes and

@@ -7,7 +7,9 @@ import json
 
 import click
 
-from .options import plan_options
+from .errors import die
+from .options import model_options, plan_options
+from ..planner.download import is_url
 from ..planner.params import Params
 
 
@@ -33,6 +35,16 @@ def with_local_rpc(params: Params, n: int):
         yield dataclasses.replace(params, rpc=tuple(params.rpc) + tuple(endpoints))
     finally:
         servers.__exit__(None, None, None)
+
+
+def local_model(model: str) -> str:
+    """The model as llama.cpp loads it here: a local path; a URL (MODEL, -mu, -hf) is refused, not downloaded."""
+    if is_url(model):
+        command = click.get_current_context().info_name
+        die(f"{model}: schedplan {command} runs the model in real llama.cpp, which loads the weights from disk, "
+            f"and downloads nothing: download the file (a split: all its parts, side by side) and give its "
+            f"path as MODEL; schedplan reserve plans it from the header alone")
+    return model
 
 
 def real_run(model: str, params: Params, tensors: bool, log_path: str | None = None) -> dict:
@@ -68,7 +80,7 @@ def exact_bytes_table(result: dict) -> str:
 
 
 @click.command("run")
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_options()
 @plan_options
 @local_rpc_option
 @click.option("--tensors", is_flag=True,
@@ -83,10 +95,14 @@ def run(model: str, params: Params, local_rpc: int, tensors: bool, as_json: bool
     KV, output and model buffers per buffer type, pp/tg graph nodes and splits, and the effective
     parameters. Needs llama-cpp-python 0.3.36 built with RPC (the `run` extra).
 
+    MODEL must be on disk: llama.cpp loads its weights, and schedplan downloads no model. A model
+    given as a URL, by -mu or by -hf stops the run with one line naming the file to download.
+
     Example: schedplan run model.gguf -c 2048 -ub 512 --local-rpc 1 -ngl 15
     """
     from ..backends import llama_cpp_run as lcr
 
+    model = local_model(model)
     if not lcr.available():
         click.echo(lcr.MISSING_MESSAGE, err=True)
         raise SystemExit(2)

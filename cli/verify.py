@@ -7,8 +7,8 @@ import click
 from tabulate import tabulate
 
 from .errors import fail_cleanly
-from .options import plan_options
-from .run import local_rpc_option, real_run, with_local_rpc
+from .options import model_options, plan_options
+from .run import local_model, local_rpc_option, real_run, with_local_rpc
 from ..planner.params import Params
 from ..planner import reserve as planner
 
@@ -44,7 +44,7 @@ def render_mismatch(m: dict) -> str:
 
 
 @click.command("verify")
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_options()
 @plan_options
 @local_rpc_option
 @click.option("--json", "as_json", is_flag=True, help="Print rows and the first tensor mismatch as JSON.")
@@ -55,11 +55,15 @@ def verify(model: str, params: Params, local_rpc: int, as_json: bool) -> None:
     tensor in graph order whose planned buffer, offset or size is not the real one, with its
     neighbours on both sides. Exits 0 only if everything is equal.
 
+    MODEL must be on disk, as for `schedplan run`: a URL, -mu or -hf stops with one line naming the
+    file to download (schedplan downloads no model).
+
     Example: schedplan verify model.gguf -c 2048 -ub 512
     """
     from ..backends import llama_cpp_run as lcr
     from ..planner.diff import diff, first_tensor_mismatch, tensor_summary
 
+    model = local_model(model)
     if not lcr.available():
         click.echo(lcr.MISSING_MESSAGE, err=True)
         raise SystemExit(2)

@@ -49,6 +49,7 @@ MISSING_MESSAGE = ("schedplan run needs the 'run' extra: "
 # include/llama.h
 FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+LLAMA_LOAD_MODE_NONE = 0          # include/llama.h llama_load_mode
 # ggml-backend.h enum ggml_backend_buffer_usage
 BUFFER_USAGES = {0: "any", 1: "weights", 2: "compute"}
 GGML_BACKEND_DEVICE_TYPE_CPU = 0
@@ -317,10 +318,13 @@ def _log_agrees(logged: list[tuple[str, str]], exact: dict[str, int]) -> bool:
 # --------------------------------------------------------------------------------------------
 
 def run(model_path: str, params: Params, tensors: bool = False, *, keep_log: bool = False,
-        log_path: Optional[str] = None, isolated: bool = True, timeout: Optional[float] = None) -> dict:
+        log_path: Optional[str] = None, isolated: bool = True, timeout: Optional[float] = None,
+        no_alloc: bool = False) -> dict:
     """Create the real llama.cpp model and context for these params and report what was reserved.
 
     keep_log: include llama.cpp's whole log under "log"; log_path: also write it to that file.
+    no_alloc: load as common/fit.cpp measures (no_alloc, load_mode NONE): nothing is allocated and
+    the breakdown holds the sizes --fit works with.
     isolated: run in a fresh child process (see the module docstring); False runs here.
     """
     path = Path(model_path)
@@ -331,11 +335,12 @@ def run(model_path: str, params: Params, tensors: bool = False, *, keep_log: boo
     if not available():
         raise LlamaCppMissing()
     if not isolated:
-        return _run_here(str(model_path), params, tensors, keep_log, log_path)
+        return _run_here(str(model_path), params, tensors, keep_log, log_path, no_alloc)
     with tempfile.TemporaryDirectory(prefix="schedplan-run-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(json.dumps({"model_path": str(model_path), "params": dataclasses.asdict(params),
-                                       "tensors": tensors, "keep_log": keep_log, "log_path": log_path}))
+                                       "tensors": tensors, "keep_log": keep_log, "log_path": log_path,
+                                       "no_alloc": no_alloc}))
         env = dict(os.environ, GGML_NO_BACKTRACE="1")   # an abort prints its message, not a gdb session
         try:
             proc = subprocess.run([sys.executable, "-m", "schedplan.backends.llama_cpp_run", str(request), str(result)],
@@ -371,6 +376,7 @@ def params_from_dict(d: dict) -> Params:
     for key in ("tensor_split", "rpc", "devices"):
         d[key] = tuple(d.get(key) or ())
     d["tensor_overrides"] = tuple(tuple(x) for x in d.get("tensor_overrides") or ())
+    d["rpc_memory"] = tuple(tuple(x) if x else None for x in d.get("rpc_memory") or ())
     return Params(**d)
 
 
@@ -450,7 +456,8 @@ def _buft_overrides(ggml: Ggml, overrides: tuple[tuple[str, str], ...]):
     return (TensorBuftOverride * len(items))(*items)
 
 
-def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, log_path: Optional[str]) -> dict:
+def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, log_path: Optional[str],
+              no_alloc: bool = False) -> dict:
     llama_cpp = import_llama_cpp()
     log = LogCapture(llama_cpp)
     llama_cpp.llama_backend_init()
@@ -469,6 +476,9 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
         mp.main_gpu = params.main_gpu
         mp.use_extra_bufts = params.use_extra_bufts
         mp.no_host = params.no_host
+        if no_alloc:     # common_get_device_memory_data_impl (common/fit.cpp)
+            mp.no_alloc = True
+            mp.load_mode = LLAMA_LOAD_MODE_NONE
         if params.tensor_split:
             n_max = llama_cpp.llama_max_devices()
             if len(params.tensor_split) > n_max:
@@ -790,7 +800,7 @@ def _child(request_path: str, result_path: str) -> int:
         os.environ["GGML_SCHED_DEBUG_REALLOC"] = "2"
     try:
         data = _run_here(req["model_path"], params_from_dict(req["params"]), req["tensors"], req["keep_log"],
-                         req.get("log_path"))
+                         req.get("log_path"), req.get("no_alloc", False))
         rc = 0
     except LlamaCppMissing as e:
         data, rc = {"error": str(e), "missing": True}, 2

@@ -16,14 +16,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
 
 HOST = "127.0.0.1"
 
@@ -84,12 +87,39 @@ def _accepts(port: int) -> bool:
         return False
 
 
-def start_server(port: int, threads: int = 1) -> subprocess.Popen:
+def build_fake_memory() -> Path:
+    """Compile fake_memory.c (once per source) into the cache: the LD_PRELOAD library that makes a
+    server report the memory it is told to."""
+    from .llama_cpp_run import RunError, cache_dir
+
+    src = Path(__file__).with_name("fake_memory.c")
+    out = cache_dir() / f"libsp_fake_memory-{hashlib.sha256(src.read_bytes()).hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise RunError("a C compiler (cc) is needed once to build the fake-memory library")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(src), "-o", str(tmp)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"building the fake-memory library failed: {proc.stderr.strip().splitlines()[-1:]}")
+    os.replace(tmp, out)
+    return out
+
+
+def start_server(port: int, threads: int = 1, memory: Optional[tuple[int, int]] = None) -> subprocess.Popen:
     """The server in its own process; its stderr goes to an unlinked temporary file (a pipe nobody
-    reads could fill up and block the server)."""
+    reads could fill up and block the server). memory: the (free, total) bytes it reports, through
+    the fake-memory library; None: the machine's own, as the CPU backend measures it."""
     err = tempfile.TemporaryFile()
+    env = None
+    if memory is not None:
+        env = dict(os.environ, LD_PRELOAD=str(build_fake_memory()), SCHEDPLAN_DEV_FREE=str(memory[0]),
+                   SCHEDPLAN_DEV_TOTAL=str(memory[1]))
     proc = subprocess.Popen([sys.executable, "-m", "schedplan.backends.rpc_server", "--port", str(port),
-                             "--threads", str(threads)],
+                             "--threads", str(threads)], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     proc.errfile = err   # type: ignore[attr-defined]
     return proc
@@ -117,13 +147,15 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def rpc_servers(n: int, threads: int = 1, timeout: float = 30.0) -> Iterator[list[str]]:
+def rpc_servers(n: int, threads: int = 1, timeout: float = 30.0,
+                memory: Sequence[Optional[tuple[int, int]]] = ()) -> Iterator[list[str]]:
     """Start n RPC servers on free loopback ports; yield their endpoints once each accepts
-    connections; stop them all on exit."""
+    connections; stop them all on exit. memory: per server, the (free, total) it reports."""
     procs: list[subprocess.Popen] = []
     try:
         ports = free_ports(n) if n else []
-        procs = [start_server(p, threads) for p in ports]
+        memory = list(memory) + [None] * (n - len(memory))
+        procs = [start_server(p, threads, m) for p, m in zip(ports, memory)]
         deadline = time.monotonic() + timeout
         for port, proc in zip(ports, procs):
             while not _accepts(port):

@@ -56,6 +56,7 @@ class Backend:
     device_name: str = "CPU"                   # ggml_backend_dev_name: "CPU", "RPC0", "CUDA0"
     mapped_buft: Optional[BufferType] = None   # buffer_from_host_ptr: mmapped weights (MTL0_Mapped)
     memory: Optional[int] = None               # free memory (ggml_backend_dev_memory); None: not known
+    memory_total: Optional[int] = None         # total memory, as ggml_backend_dev_memory reports it
     # graph_optimize(nodes, add_alloc_dep) as planner/sched.py calls it (ggml_backend_i.graph_optimize)
     graph_optimize: Optional[Callable[[list[Tensor], Callable[[Tensor, Tensor], None]], None]] = None
 

@@ -3,6 +3,7 @@ import click
 
 from .check import baseline, check
 from .compare import compare
+from .fit import fit
 from .plot import plot
 from .reserve import reserve
 from .run import run
@@ -18,6 +19,7 @@ def cli() -> None:
     its scheduler and allocator on them (llama.cpp 0c1e57098, as in llama-cpp-python 0.3.36).
 
     \b
+      schedplan fit model.gguf --device cuda:24GiB:cc=8.9   what llama-server's --fit will choose
       schedplan reserve model.gguf -c 8192          what will be reserved, per buffer type
       schedplan reserve model.gguf --tensors        every tensor's buffer and offset
       schedplan verify model.gguf -c 8192           the plan against a real llama.cpp run
@@ -25,6 +27,7 @@ def cli() -> None:
     """
 
 
+cli.add_command(fit)
 cli.add_command(reserve)
 cli.add_command(run)
 cli.add_command(verify)

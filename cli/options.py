@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import click
 
 from .errors import fail_cleanly
-from ..planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device
+from ..planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device, parse_size
 from ..planner.download import is_url
 from ..planner.hparams import LLAMA_MAX_LAYERS
 from ..planner.params import KV_TYPES, Params
@@ -127,6 +127,28 @@ def _add_n_cpu(regex: str):
     return callback
 
 
+def _rpc_memory(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """--rpc-memory HOST:PORT=FREE[/TOTAL]: what that server would report (RPC_CMD_GET_DEVICE_MEMORY)."""
+    out = {}
+    for value in values:
+        endpoint, sep, sizes = value.rpartition("=")
+        free, _, total = sizes.partition("/")
+        try:
+            if not sep or not endpoint:
+                raise BadDevices(f"expected HOST:PORT=FREE[/TOTAL], got {value!r}")
+            out[endpoint] = (parse_size(free), parse_size(total or free))
+        except BadDevices as e:
+            raise click.BadParameter(str(e))
+    return out
+
+
+def _rpc_memory_list(rpc: tuple[str, ...], memory: dict[str, tuple[int, int]]) -> tuple:
+    unknown = sorted(set(memory) - set(rpc))
+    if unknown:
+        raise click.BadParameter(f"{unknown[0]} is not one of the --rpc servers", param_hint="'--rpc-memory'")
+    return tuple(memory.get(e) for e in rpc) if memory else ()
+
+
 def _check_devices(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
     for value in values:
         try:
@@ -196,6 +218,11 @@ def plan_options(func: Callable) -> Callable:
                      help="Keep the dense FFN weights of the first N layers on the CPU."),
         click.option("--rpc", "rpc", multiple=True, metavar="HOST:PORT[,...]", callback=_rpc_endpoints,
                      help="ggml RPC servers to use as devices, comma-separated as llama.cpp takes them (repeatable)."),
+        click.option("--rpc-memory", "rpc_memory", multiple=True, metavar="HOST:PORT=FREE[/TOTAL]",
+                     callback=_rpc_memory,
+                     help="The memory an RPC server reports (e.g. 127.0.0.1:50052=24GiB/32GiB; TOTAL defaults to "
+                     "FREE), for a server that is not running: without -ts, layers are split in proportion to "
+                     "the free memory, as llama.cpp does. `fit` asks running servers itself."),
         click.option("--no-header-cache", "no_header_cache", is_flag=True,
                      help="For a MODEL given as an http(s) URL: fetch its header again instead of using the copy "
                      "cached under ~/.cache/schedplan/headers (keyed by URL and ETag or size)."),
@@ -216,7 +243,8 @@ def plan_options(func: Callable) -> Callable:
             tensor_split=_parse_tensor_split(kwargs.pop("tensor_split")),
             offload_kqv=not kwargs.pop("no_kv_offload"), op_offload=not kwargs.pop("no_op_offload"),
             no_host=kwargs.pop("no_host"), use_extra_bufts=not kwargs.pop("no_repack"),
-            tensor_overrides=tuple(_overrides(click.get_current_context())), rpc=tuple(kwargs.pop("rpc")),
+            tensor_overrides=tuple(_overrides(click.get_current_context())), rpc=tuple(kwargs["rpc"]),
+            rpc_memory=_rpc_memory_list(kwargs.pop("rpc"), kwargs.pop("rpc_memory")),
             devices=kwargs.pop("devices"), header_cache=not kwargs.pop("no_header_cache"),
         )
         return func(*args, **kwargs)

@@ -7,6 +7,7 @@ import click
 from tabulate import tabulate
 
 from .errors import fail_cleanly
+from .fit import fit_targets_option
 from .options import model_options, plan_options
 from ..planner.params import Params
 
@@ -36,9 +37,13 @@ def signed(delta: int) -> str:
                    "--tensors numbers nodes) and the tensors holding memory then, by offset.")
 @click.option("--graph", "graph", type=click.Choice(["pp", "tg"]), default="pp", show_default=True,
               help="Which graph --tensors and --peak show.")
+@click.option("-fitt", "--fit-target", "fit_target", metavar="MiB0,MiB1,...", callback=fit_targets_option,
+              help="Memory to keep free per device, in MiB, for the verdict on devices of known memory "
+                   "(as --fit keeps it)  [default: 1024]")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the machine-readable result (peaks of both graphs included, under \"peaks\").")
-def reserve(model: str, params: Params, tensors: bool, peak: bool, graph: str, as_json: bool) -> None:
+def reserve(model: str, params: Params, tensors: bool, peak: bool, graph: str, fit_target: list[int] | None,
+            as_json: bool) -> None:
     """Plan the buffers llama.cpp reserves for MODEL (a GGUF file; only its header is read).
 
     MODEL may be the first part of a split GGUF (NAME-00001-of-0000N.gguf: the other parts are read
@@ -51,12 +56,16 @@ def reserve(model: str, params: Params, tensors: bool, peak: bool, graph: str, a
     splits; and the effective parameters after llama.cpp's adjustments (n_ctx padding, flash
     attention resolution). Flags use llama.cpp's names and llama-server's defaults.
 
+    When every device's memory is known (--device, --rpc-memory), also what the model would use on
+    each against its free memory: fits with how much to spare beyond the -fitt margin, or short by
+    how much (`schedplan fit` finds the flags that fit).
+
     Example: schedplan reserve model.gguf -c 8192 -ub 512 -fa on
     """
     from ..planner.reserve import reserve as plan
 
     with fail_cleanly():
-        result = plan(model, params, tensors=tensors, graph=graph)
+        result = plan(model, params, tensors=tensors, graph=graph, margins=fit_target)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -69,11 +78,25 @@ def reserve(model: str, params: Params, tensors: bool, peak: bool, graph: str, a
 def render(result: dict) -> str:
     """The human-readable report of a reserve result (plan or real run: same schema)."""
     out = [_params_line(result), "", buffers_table(result), "", graphs_table(result)]
+    if "device_memory" in result:
+        out += ["", device_memory_table(result["device_memory"])]
     if "splits" in result:
         out += ["", splits_table(result["splits"])]
     if "tensors" in result:
         out += ["", tensors_table(result["tensors"])]
     return "\n".join(out)
+
+
+def device_memory_table(rows: list[dict]) -> str:
+    """Per device: what the plan uses there against its free memory and --fit's margin."""
+    table = []
+    for d in rows:
+        spare = d["projected_free"] - d["target"]
+        verdict = f"fits, {mib(spare)} MiB to spare" if spare >= 0 else f"short by {mib(-spare)} MiB"
+        table.append([d["device"], mib(d["free"]), mib(d["model"] + d["context"] + d["compute"]),
+                      mib(d["projected_free"]), mib(d["target"]), verdict])
+    return tabulate(table, headers=["device", "free MiB", "used MiB", "left MiB", "target MiB", "verdict"],
+                    disable_numparse=True, stralign="right")
 
 
 def _params_line(result: dict) -> str:

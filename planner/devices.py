@@ -161,7 +161,8 @@ class Devices:
 
 def plan_devices(params: Params, hp: HParams) -> Devices:
     # llama_prepare_model_devices (src/llama.cpp:186-300): RPC servers first, then the GPUs
-    model_devices = [rpc.rpc_backend(endpoint, i) for i, endpoint in enumerate(params.rpc)]
+    memory = list(params.rpc_memory) or [None] * len(params.rpc)
+    model_devices = [rpc.rpc_backend(endpoint, i, memory[i]) for i, endpoint in enumerate(params.rpc)]
     model_devices += local_devices(params.devices)
     if params.split_mode == "none" and model_devices:
         if params.main_gpu < 0:
@@ -294,26 +295,31 @@ def weight_placement(devices: Devices, params: Params, hp: HParams):
     buffer type (llama-model-loader.cpp:1268-1276), and the CPU buffer type and the default buffer
     type of a device with buffer_from_host_ptr (Metal) map the file: CPU_Mapped, MTL0_Mapped
     (llama-model.cpp:1854)."""
-    mapped, repack = cpu.cpu_mapped_buft(), cpu.cpu_repack_buft()
+    repack = cpu.cpu_repack_buft()
+    # without mmap (load_mode none, as --fit measures) nothing is mapped and host picks stay
+    mapped = cpu.cpu_mapped_buft() if params.use_mmap else devices.cpu.buft
     host = devices.host_backend
     n_layer = hp.n_layer
     overrides = _tensor_overrides(devices, params)
 
     def on_cpu(weight: Tensor, op: str) -> BufferType:
         if host is not None and _supports(host, host.host_buft, weight, op, hp):
-            return mapped
+            return mapped if params.use_mmap else host.host_buft
         if params.use_extra_bufts and cpu.repacks(weight, op):
             return repack
         return mapped
+
+    def on_device(backend: Backend) -> BufferType:
+        return backend.mapped_buft if backend.mapped_buft and params.use_mmap else backend.buft
 
     def place(weight: Tensor, name: str, op: str, il: int) -> BufferType:
         for pattern, target in overrides:
             if pattern.search(name):
                 # an override to the CPU still picks among the CPU list (CPU_REPACK, ...)
-                return on_cpu(weight, op) if target is devices.cpu else target.mapped_buft or target.buft
+                return on_cpu(weight, op) if target is devices.cpu else on_device(target)
         backend = devices.layer_device(il, n_layer)
         if backend is not devices.cpu and _supports(backend, backend.buft, weight, op, hp):
-            return backend.mapped_buft or backend.buft
+            return on_device(backend)
         return on_cpu(weight, op)
 
     return place

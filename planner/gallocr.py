@@ -361,6 +361,14 @@ class Gallocr:
             if realloc:
                 self.buffers[i] = Vbuffer([chunk.max_size for chunk in alloc.chunks])
 
+    def reserve_n_size(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> list[int]:
+        """ggml_gallocr_reserve_n_size (951-960): the layout only; per buffer id, its chunks' sizes summed."""
+        for alloc in self.buf_tallocs:
+            dyn_tallocr_reset(alloc)
+        self.graph = graph
+        self.alloc_graph_impl(graph, node_buffer_ids, leaf_buffer_ids)
+        return [sum(chunk.max_size for chunk in alloc.chunks) for alloc in self.buf_tallocs]
+
     def buffer_size(self, buffer_id: int) -> int:
         """ggml_gallocr_get_buffer_size (1100-1116): 0 without a buffer, 0 for a buffer already
         counted under a lower id (same buffer type), else the sum of its chunks."""

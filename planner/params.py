@@ -6,6 +6,7 @@ Defaults follow llama-server where it differs from the C API (see the reserve-en
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 # the cache types -ctk/-ctv accept (common/arg.cpp kv_cache_types)
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -34,3 +35,5 @@ class Params:
     rpc: tuple[str, ...] = ()       # --rpc HOST:PORT, repeatable
     devices: tuple[str, ...] = field(default=())         # --device (simulated), repeatable
     header_cache: bool = True       # --no-header-cache: fetch a URL's header again
+    use_mmap: bool = True           # llama_model_loader::use_mmap; common/fit.cpp measures with it off
+    rpc_memory: tuple[Optional[tuple[int, int]], ...] = ()   # per --rpc server, the (free, total) it reports

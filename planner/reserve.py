@@ -136,13 +136,16 @@ def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
     return g
 
 
-def graph_reserve(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False) -> GraphContext:
-    """llama_context::graph_reserve"""
+def graph_reserve(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False,
+                  sizes: Optional[list[int]] = None) -> GraphContext:
+    """llama_context::graph_reserve; with split_only and sizes, the no_alloc measurement into sizes."""
     if n_tokens % n_seqs != 0:
         n_tokens = (n_tokens + n_seqs - 1) // n_seqs * n_seqs
     ctx.sched.reset()
     g = build_graph(ctx, Ubatch(n_tokens, n_seqs, n_seqs, n_outputs))
-    if split_only:
+    if split_only and sizes is not None:
+        sizes[:] = ctx.sched.reserve_size(g.gf)
+    elif split_only:
         ctx.sched.split_graph(g.gf)
     else:
         ctx.sched.reserve(g.gf)
@@ -197,6 +200,18 @@ def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     return stats
 
 
+def sched_reserve_no_alloc(ctx: Context) -> list[int]:
+    """sched_reserve in a no_alloc context (llama-context.cpp:672-676): the per-backend compute sizes
+    come from the first pp graph alone (the tg and second pp graphs are only split)."""
+    cp = ctx.cparams
+    n_tokens = min(cp.n_ctx, cp.n_ubatch)
+    with gc_paused():
+        resolve_flash_attn(ctx)
+        sizes: list[int] = []
+        graph_reserve(ctx, n_tokens, cp.n_seq_max, min(n_tokens, cp.n_outputs_max), split_only=True, sizes=sizes)
+    return sizes
+
+
 def _reserve_stats(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphStats:
     """graph_reserve, and what llama.cpp reports of it (peaks are taken by the caller)."""
     g = graph_reserve(ctx, n_tokens, n_seqs, n_outputs)
@@ -239,8 +254,10 @@ def _buffer_sizes(ctx: Context, per_backend: list[int]) -> dict[str, int]:
     return out
 
 
-def reserve(model_path: str, params: Params, tensors: bool = False, graph: str = "pp") -> dict:
-    """Plan everything llama.cpp reserves for this model and these parameters, as a JSON-able dict."""
+def reserve(model_path: str, params: Params, tensors: bool = False, graph: str = "pp",
+            margins: Optional[list[int]] = None) -> dict:
+    """Plan everything llama.cpp reserves for this model and these parameters, as a JSON-able dict.
+    margins: the free memory to keep per device (-fitt), for the verdict on devices of known memory."""
     ctx = create_context(model_path, params)
     stats = sched_reserve(ctx)
     compute = _buffer_sizes(ctx, [_compute_buffer_size(ctx, i) for i in range(len(ctx.devices.backends))])
@@ -259,12 +276,31 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         "output_buffers": {ctx.devices.output_buft.name: ctx.devices.output_buft.buffer_size(ctx.output_buffer_size)},
         "model_buffers": _sum_by_buft(ctx.model.buffers),
     }
+    if ctx.devices.model_devices() and all(b.memory is not None for b in ctx.devices.model_devices()):
+        result["device_memory"] = device_memory_verdict(ctx, margins)
     if tensors:
         if graph == "tg":
             n_seqs = ctx.cparams.n_seq_max
             graph_reserve(ctx, n_seqs, n_seqs, n_seqs)
         result["tensors"] = tensor_listing(ctx)
     return result
+
+
+def device_memory_verdict(ctx: Context, margins: Optional[list[int]]) -> list[dict]:
+    """Per device of known memory, what this plan uses there (model, context, compute: what --fit
+    counts) against its free memory and the margin --fit keeps (-fitt, default 1024 MiB)."""
+    from .fit import device_memory, fit_targets, host_memory
+
+    sizes = [_compute_buffer_size(ctx, i) for i in range(len(ctx.devices.backends))]
+    dmds = device_memory(ctx, sizes, host_memory())
+    targets = fit_targets(margins)
+    out = []
+    for i, b in enumerate(ctx.devices.model_devices()):
+        d = dmds[i]
+        out.append({"device": b.device_name, "free": d.free, "total": d.total, "model": d.model,
+                    "context": d.context, "compute": d.compute, "projected_free": d.free - d.used(),
+                    "target": targets[i], "fits": d.free - d.used() >= targets[i]})
+    return out
 
 
 def _compute_buffer_size(ctx: Context, i: int) -> int:

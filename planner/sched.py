@@ -123,6 +123,17 @@ class Sched:
         self.galloc.reserve_n(self.graph, self.node_backend_ids, self.leaf_backend_ids)
         self.reset()
 
+    def reserve_size(self, measure_graph: Cgraph) -> list[int]:
+        """ggml_backend_sched_reserve_size (B:1977), what a no_alloc context measures: reset first
+        (the build's pins are dropped), split, then ggml_gallocr_reserve_n_size: per backend the
+        sum of its allocator's chunks, no buffer made (backends sharing a buffer type repeat it)."""
+        self.reset()
+        self.split_graph(measure_graph)
+        if self.galloc is None:
+            from .gallocr import Gallocr
+            self.galloc = Gallocr(self.bufts)
+        return self.galloc.reserve_n_size(self.graph, self.node_backend_ids, self.leaf_backend_ids)
+
     def split_graph(self, graph: Cgraph) -> None:
         """ggml_backend_sched_split_graph (B:1066-1605).
 

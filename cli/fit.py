@@ -1,0 +1,118 @@
+"""`schedplan fit`: what llama.cpp's --fit will choose, for devices you may not have."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import click
+from tabulate import tabulate
+
+from .errors import die, fail_cleanly
+from .options import Int32, model_options, plan_options
+from ..planner.params import Params
+
+MiB = 1024 * 1024
+STATUS = {0: "success", 1: "failure", 2: "error"}
+
+
+def fit_targets_option(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    """-fitt MiB0,MiB1,... (common/arg.cpp): split on ',' and '/', each std::stoull MiB; one value
+    applies to every device; at most llama_max_devices() - 1 values."""
+    if value is None:
+        return None
+    parts = re.split(r"[,/]+", value)
+    if len(parts) >= 16:
+        raise click.BadParameter(f"got {len(parts)} input configs, but system only has 16 devices")
+    if not all(re.fullmatch(r"\s*\+?[0-9]+", p) for p in parts) or any(int(p) >= 2**64 // MiB for p in parts):
+        raise click.BadParameter(f"{value!r} is not a list of MiB values")
+    return [int(p) * MiB for p in parts]
+
+
+@click.command()
+@model_options()
+@plan_options
+@click.option("-fitt", "--fit-target", "fit_target", metavar="MiB0,MiB1,...", callback=fit_targets_option,
+              help="Memory to leave free on each device, in MiB (one value: every device)  [default: 1024]")
+@click.option("-fitc", "--fit-ctx", "fit_ctx", type=Int32(), default=4096, show_default=True,
+              help="The smallest context fit may reduce an unset -c to.")
+@click.option("--host-memory", "host_memory", metavar="SIZE", default=None,
+              help="The CPU's memory, for a model without devices (default: this machine's physical memory, "
+                   "as ggml's CPU backend reports it).")
+@click.option("--json", "as_json", is_flag=True, help="Print the machine-readable result (schema schedplan.fit/1).")
+def fit(model: str, params: Params, fit_target: list[int] | None, fit_ctx: int, host_memory: str | None,
+        as_json: bool) -> None:
+    """What llama.cpp's --fit (on by default in llama-server and llama-cli) will choose for MODEL on
+    these devices: the flags llama-fit-params prints, ready to paste after `llama-server -m MODEL`.
+
+    MODEL is a GGUF file, a split's first part, an http(s) URL (-mu) or a Hugging Face repository
+    (-hf USER/MODEL[:QUANT]): only headers are read.
+
+    Mirrors common/fit.cpp step by step on planned memory, so the devices need not be present:
+    give them with --device KIND:MEMORY, or --rpc HOST:PORT (a running server is asked for its
+    memory as llama.cpp asks it; declare a server that is not running with --rpc-memory).
+    Only what llama.cpp would change is changed: -c when not given (down to -fitc), then -ngl,
+    -ts and, for mixture-of-experts models, -ot patterns that keep experts on the CPU. A flag
+    you set (-ngl, -ts, -ot, -cmoe) stays; if the model does not fit with it, fit says so.
+
+    Prints the line, then per device its total and free memory, what the fitted model uses
+    there (model, context, compute) and what stays free against the target, then what fit did.
+    Exit status: 0 it fits, 1 it cannot fit (common_params_fit_status), 2 an error.
+
+    Example: schedplan fit model.gguf --device cuda:24GiB:cc=8.9 -fitt 512
+    """
+    from ..backends.rpc import RPCUnreachable, get_device_memory
+    from ..planner.devices import BadDevices, parse_size
+    from ..planner.fit import fit_params
+
+    ctx = click.get_current_context()
+    c_given = ctx.get_parameter_source("n_ctx") == click.core.ParameterSource.COMMANDLINE
+    # -c 0 asks for the full training context: fit may not reduce it (common/arg.cpp, --ctx-size)
+    n_ctx_min = 2**32 - 1 if c_given and params.n_ctx == 0 else fit_ctx & (2**32 - 1)
+    with fail_cleanly():
+        host_total = parse_size(host_memory) if host_memory else None
+        memory = list(params.rpc_memory) or [None] * len(params.rpc)
+        for i, endpoint in enumerate(params.rpc):
+            if memory[i] is None:
+                try:
+                    memory[i] = get_device_memory(endpoint)
+                except RPCUnreachable as e:
+                    raise BadDevices(f"{e}; declare its memory with --rpc-memory {endpoint}=FREE[/TOTAL]") from None
+        params = dataclasses.replace(params, rpc_memory=tuple(memory))
+        try:
+            result = fit_params(model, params, n_ctx_auto=params.n_ctx == 0, margins=fit_target,
+                                n_ctx_min=n_ctx_min, host_total=host_total)
+        except RuntimeError as e:       # common_fit_params' std::runtime_error: status 2
+            die(str(e))
+    report = fit_report(result)
+    click.echo(json.dumps(report, indent=1) if as_json else render(report))
+    raise SystemExit(result.status)
+
+
+def fit_report(result) -> dict:
+    """The JSON-able result: the line, the status and the fitted parameters' memory per device."""
+    m = result.final or result.initial
+    devices = []
+    margins = result.margins
+    for i, name in enumerate(m.devs + ["Host"]):
+        d = m.dmds[i]
+        row = {"name": name, "total": d.total, "free": d.free, "model": d.model, "context": d.context,
+               "compute": d.compute, "projected_free": d.free - d.used()}
+        if i < len(m.devs):
+            row["target"] = margins[i]
+        devices.append(row)
+    return {"schema": "schedplan.fit/1", "status": STATUS[result.status], "args": result.args if result.status == 0
+            else None, "message": result.message or None, "n_ctx": result.n_ctx, "devices": devices,
+            "log": result.log, "measured_for": "fitted parameters" if result.final else "initial parameters"}
+
+
+def render(report: dict) -> str:
+    out = [report["args"] if report["status"] == "success" else f"fit failed: {report['message']}", ""]
+    rows = [[d["name"], d["total"] // MiB, d["free"] // MiB, d["model"] // MiB, d["context"] // MiB,
+             d["compute"] // MiB, d["projected_free"] // MiB, d["target"] // MiB if "target" in d else ""]
+            for d in report["devices"]]
+    out.append(f"memory [MiB], {report['measured_for']}:")
+    out.append(tabulate(rows, headers=["device", "total", "free", "model", "context", "compute", "projected free",
+                                       "target"], disable_numparse=True, stralign="right"))
+    out += ["", "what fit did:"] + [f"  - {line}" for line in report["log"]]
+    return "\n".join(out)

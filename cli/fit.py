@@ -91,6 +91,8 @@ def fit(model: str, params: Params, fit_target: list[int] | None, fit_ctx: int, 
 
 def fit_report(result) -> dict:
     """The JSON-able result: the line, the status and the fitted parameters' memory per device."""
+    from ..planner.fit import describe_placement
+
     m = result.final or result.initial
     devices = []
     margins = result.margins
@@ -103,6 +105,7 @@ def fit_report(result) -> dict:
         devices.append(row)
     return {"schema": "schedplan.fit/1", "status": STATUS[result.status], "args": result.args if result.status == 0
             else None, "message": result.message or None, "n_ctx": result.n_ctx, "devices": devices,
+            "placement": describe_placement(m, result.params.tensor_overrides) if result.final else [],
             "log": result.log, "measured_for": "fitted parameters" if result.final else "initial parameters"}
 
 
@@ -114,5 +117,7 @@ def render(report: dict) -> str:
     out.append(f"memory [MiB], {report['measured_for']}:")
     out.append(tabulate(rows, headers=["device", "total", "free", "model", "context", "compute", "projected free",
                                        "target"], disable_numparse=True, stralign="right"))
+    if report["placement"]:
+        out += ["", "where the weights go:"] + [f"  - {line}" for line in report["placement"]]
     out += ["", "what fit did:"] + [f"  - {line}" for line in report["log"]]
     return "\n".join(out)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -35,8 +36,9 @@ LAYER_FRACTION_ATTN = 1   # attention
 LAYER_FRACTION_UP = 2     # attention + up
 LAYER_FRACTION_GATE = 3   # attention + up + gate
 LAYER_FRACTION_MOE = 4    # everything but the sparse MoE weights
-FRACTION_NAMES = {LAYER_FRACTION_ATTN: "ATTN", LAYER_FRACTION_UP: "UP", LAYER_FRACTION_GATE: "GATE",
-                  LAYER_FRACTION_MOE: "MOE"}
+FRACTION_KEEPS = {LAYER_FRACTION_ATTN: "its attention", LAYER_FRACTION_UP: "its attention and FFN up",
+                  LAYER_FRACTION_GATE: "its attention and FFN up and gate",
+                  LAYER_FRACTION_MOE: "all but its experts"}
 
 # common_params_fit_status
 FIT_SUCCESS, FIT_FAILURE, FIT_ERROR = 0, 1, 2
@@ -68,6 +70,7 @@ class Measurement:
     hp_ngl: int                      # layers (hparams.n_layer)
     hp_nct: int                      # n_ctx_train
     hp_nex: int                      # n_expert
+    layer_devices: list[str] = field(default_factory=list)   # per layer, then the output layer: its device
 
 
 def host_memory() -> int:
@@ -83,7 +86,8 @@ def get_device_memory_data(model_path: str, params: Params, host_total: int) -> 
     devices = ctx.devices.model_devices()
     hp = ctx.hparams
     return Measurement(dmds, [b.device_name for b in devices], [b.buft.name for b in devices], hp.n_layer,
-                       hp.n_ctx_train, hp.n_expert)
+                       hp.n_ctx_train, hp.n_expert,
+                       [b.device_name for b in ctx.devices.layer_backend] + [ctx.devices.output_backend.device_name])
 
 
 def device_memory(ctx: Context, compute_sizes: list[int], host_total: int) -> list[DeviceMemoryData]:
@@ -449,12 +453,12 @@ class Fit:
                         ngl_per_device, overflow_bufts, mem, id_dense_start = \
                             _copy(test), overflow_bufts_test, mem_test, id_dense_start_test
             n = ngl_per_device[i]
-            self.trc(f"{m.devs[i]}: {n.n_layer} layers ({n.n_part} overflowing"
-                     f"{', ' + FRACTION_NAMES[n.overflow_type] + ' stays' if n.n_part else ''}), "
+            self.trc(f"{m.devs[i]}: {n.n_layer} layers ({n.n_part} partial"
+                     f"{', the first keeping ' + FRACTION_KEEPS[n.overflow_type] if n.n_part else ''}), "
                      f"{mem[i] // MiB} MiB used, {(dmds_full[i].free - mem[i]) // MiB} MiB free")
             i += 1
         for j in range(id_dense_start + 1, nd):
-            self.trc(f"{m.devs[j]}: {ngl_per_device[j].n_layer} layers ({ngl_per_device[j].n_part} overflowing), "
+            self.trc(f"{m.devs[j]}: {ngl_per_device[j].n_layer} layers ({ngl_per_device[j].n_part} partial), "
                      f"{mem[j] // MiB} MiB used, {(dmds_full[j].free - mem[j]) // MiB} MiB free")
         self.params = self.set_ngl_tensor_split_tbo(m, ngl_per_device, overflow_bufts, self.params)
 
@@ -477,6 +481,53 @@ def _step(delta: int, num: int, den: int) -> int:
     """step_size = int64(delta) * num / den stored in a uint32, clamped to [1, delta - 1]."""
     step_size = _u32(_cdiv(delta * num, den))
     return min(max(step_size, 1), delta - 1)
+
+
+OVERFLOW_PARTS = {LAYER_FRACTION_ATTN: "its FFN", LAYER_FRACTION_UP: "its FFN gate and down",
+                  LAYER_FRACTION_GATE: "its FFN down", LAYER_FRACTION_MOE: "its experts"}
+
+
+def describe_placement(m: Measurement, overrides: tuple[tuple[str, str], ...]) -> list[str]:
+    """In words: which layers each device holds, and what of which layers the -ot patterns move."""
+    out = []
+    ranges: list[tuple[str, int, int]] = []
+    for il, dev in enumerate(m.layer_devices):
+        if ranges and ranges[-1][0] == dev and ranges[-1][2] == il - 1:
+            ranges[-1] = (dev, ranges[-1][1], il)
+        else:
+            ranges.append((dev, il, il))
+    n_layer = len(m.layer_devices) - 1
+    for dev, first, last in ranges:
+        output = last == n_layer
+        last -= output
+        span = "" if first > last else f"layer {first}" if first == last else f"layers {first}..{last}"
+        out.append(f"{dev}: {span}{' and ' if span and output else ''}{'the output layer' if output else ''}")
+    moved: list[tuple[str, str, int, int]] = []     # (what, where, first layer, last layer)
+    device_of = dict(zip(m.dev_bufts, m.devs))
+    for pattern, buft in overrides:
+        match = next(((il, lf) for il in _layer_of(pattern) for lf in OVERFLOW_PARTS
+                      if get_overflow_pattern(il, lf) == pattern), None)
+        if match is None:
+            out.append(f"-ot {pattern}={buft}")
+            continue
+        il, lf = match
+        if il >= n_layer:
+            continue        # fit counts the output layer as layer n_layer: its pattern matches no tensor
+        buft = device_of.get(buft, buft)
+        what = OVERFLOW_PARTS[lf]
+        if moved and moved[-1][:2] == (what, buft) and moved[-1][3] == il - 1:
+            moved[-1] = (what, buft, moved[-1][2], il)
+        else:
+            moved.append((what, buft, il, il))
+    for what, buft, first, last in moved:
+        layers = f"layer {first}" if first == last else f"layers {first}..{last}"
+        out.append(f"{layers}: {what} in {buft}" if what != "its experts" else f"{layers}: experts in {buft}")
+    return out
+
+
+def _layer_of(pattern: str) -> list[int]:
+    m = re.match(r"blk\\\.(\d+)\\\.", pattern)
+    return [int(m.group(1))] if m and int(m.group(1)) < 1000 else []
 
 
 def fit_args(p: Params, n_ctx: int) -> str:

@@ -115,3 +115,25 @@ def test_fit_asks_running_servers_for_their_memory():
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["args"] == g["result"]["args"]
     assert shlex.split(g["result"]["args"])[0] == "-c"
+
+
+def test_placement_counts_the_fitted_split():
+    """The layer ranges `fit` reports per device hold as many layers as -ts gives each (the output
+    layer counts as one, as llama.cpp counts it), and only existing layers are said to move."""
+    import re
+
+    for g in GOLDENS:
+        args = g["result"]["args"] or ""
+        if "-ts" not in args:
+            continue
+        case = g["case"]
+        _, report = fit_cli(case["model"], case["flags"], case["devices"], case["host"])
+        ts = [int(x) for x in shlex.split(args)[shlex.split(args).index("-ts") + 1].split(",")]
+        for i, n in enumerate(ts):
+            lines = [p for p in report["placement"] if p.startswith(f"RPC{i}: ")]
+            count = 0
+            for line in lines:
+                for a, b in re.findall(r"layers? (\d+)(?:\.\.(\d+))?", line.split(": ", 1)[1]):
+                    count += int(b or a) - int(a) + 1
+                count += "output layer" in line
+            assert count == n, (case["id"], i, lines)

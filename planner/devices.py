@@ -176,9 +176,11 @@ def plan_devices(params: Params, hp: HParams) -> Devices:
         # make_gpu_buft_list (llama-model.cpp:1140-1165): no backend here has split buffers
         raise BadDevices(f"device {model_devices[0].device_name} does not support split buffers (-sm row)")
     cpu_backend = cpu.cpu_backend()
-    n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else hp.n_layer + 1
-    layer_of = _layer_assignment(params, hp.n_layer, n_gpu_layers, model_devices, cpu_backend)
-    pipeline_parallel = (len(model_devices) > 1 and n_gpu_layers > hp.n_layer and params.split_mode == "layer"
+    # every block is placed, the NextN ones too: n_layer_all (llama-model.cpp:1505-1614)
+    n_layer = hp.n_layer_all
+    n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else n_layer + 1
+    layer_of = _layer_assignment(params, n_layer, n_gpu_layers, model_devices, cpu_backend)
+    pipeline_parallel = (len(model_devices) > 1 and n_gpu_layers > n_layer and params.split_mode == "layer"
                          and params.offload_kqv and not params.tensor_overrides
                          and all(b.is_async_with_events for b in model_devices))
     # llama-context.cpp:408-419: the CPU backend computes in the first device's host buffer type
@@ -186,7 +188,7 @@ def plan_devices(params: Params, hp: HParams) -> Devices:
     backend_bufts = [b.buft for b in model_devices] + [host or cpu_backend.buft]
     # make_cpu_buft_list (llama-model.cpp:1092-1106): the first device with a host buffer type
     host_backend = None if params.no_host else next((b for b in model_devices if b.host_buft), None)
-    return Devices(model_devices + [cpu_backend], [layer_of(il) for il in range(hp.n_layer)], layer_of(hp.n_layer),
+    return Devices(model_devices + [cpu_backend], [layer_of(il) for il in range(n_layer)], layer_of(n_layer),
                    n_gpu_layers, pipeline_parallel, backend_bufts, host_backend)
 
 
@@ -299,7 +301,7 @@ def weight_placement(devices: Devices, params: Params, hp: HParams):
     # without mmap (load_mode none, as --fit measures) nothing is mapped and host picks stay
     mapped = cpu.cpu_mapped_buft() if params.use_mmap else devices.cpu.buft
     host = devices.host_backend
-    n_layer = hp.n_layer
+    n_layer = hp.n_layer_all
     overrides = _tensor_overrides(devices, params)
 
     def on_cpu(weight: Tensor, op: str) -> BufferType:

@@ -33,7 +33,9 @@ class HParams:
     arch: str
     n_ctx_train: int = 0
     n_embd: int = 0
-    n_layer: int = 0
+    n_layer: int = 0              # llama_hparams::n_layer(): the layers the graph runs (n_layer_all - n_layer_nextn)
+    n_layer_all: int = 0          # block_count: with the multi-token-prediction (NextN) layers
+    n_layer_nextn: int = 0        # nextn_predict_layers: loaded and placed, never in the main graph
     n_vocab: int = 0
     n_head_arr: tuple[int, ...] = ()
     n_head_kv_arr: tuple[int, ...] = ()
@@ -172,12 +174,12 @@ class HParams:
         return self.n_embd_head_v(il) * self.n_head_kv(il)
 
     def n_embd_v_gqa_max(self) -> int:
-        return max(self.n_embd_v_gqa(il) for il in range(self.n_layer))
+        return max(self.n_embd_v_gqa(il) for il in range(self.n_layer_all))
 
     def set_swa_pattern(self, n_pattern: int, dense_first: bool = False) -> None:
         """llama_hparams::set_swa_pattern: every n_pattern-th layer is dense (the last of each
         period, or the first with dense_first); n_pattern 0 makes every layer SWA."""
-        if dense_first:
-            self.is_swa_arr = tuple(n_pattern == 0 or il % n_pattern != 0 for il in range(self.n_layer))
-        else:
-            self.is_swa_arr = tuple(n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(self.n_layer))
+        def is_swa(il: int) -> bool:
+            return n_pattern == 0 or (il % n_pattern != 0 if dense_first else il % n_pattern < n_pattern - 1)
+        # the NextN layers are never SWA
+        self.is_swa_arr = tuple(is_swa(il) for il in range(self.n_layer)) + (False,) * self.n_layer_nextn

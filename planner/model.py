@@ -17,7 +17,7 @@ from .gallocr import alloc_ctx_tensors
 from .ggml import Buffer, Tensor
 from .hparams import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_ROPE_SCALING_TYPES, HParams
 from .gguf import BOOL, INT32, UINT32, shown
-from .model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TN, ModelLoader, tn
+from .model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TENSOR_SKIP, TN, ModelLoader, tn
 
 if TYPE_CHECKING:
     from ..backends.types import BufferType
@@ -102,7 +102,8 @@ class Model:
     output_norm_b: Optional[Tensor] = None
     output: Optional[Tensor] = None
     output_b: Optional[Tensor] = None
-    layers: list[Layer] = field(default_factory=list)
+    layers: list[Layer] = field(default_factory=list)         # the n_layer layers the graph runs
+    layers_nextn: list[Layer] = field(default_factory=list)   # layers[n_layer:n_layer_all] in llama.cpp
     buffers: list[Buffer] = field(default_factory=list)   # in creation order
 
     def get_rope_factors(self, n_ctx_seq: int, il: int) -> Optional[Tensor]:
@@ -129,12 +130,14 @@ def load_hparams(ml: ModelLoader) -> HParams:
     hp.n_ctx_train = ml.get_u32("%s.context_length")
     hp.n_embd = ml.get_u32("%s.embedding_length")
     hp.causal_attn = ml.get_bool("%s.attention.causal", True)
-    n_layer = ml.get_u32("%s.block_count")
+    n_layer = ml.get_u32("%s.block_count")     # n_layer_all: per-layer arrays have this many entries
     require(ml, 0 < n_layer <= LLAMA_MAX_LAYERS,
             f"{ml.key('%s.block_count')} is {n_layer}, must be in 1..{LLAMA_MAX_LAYERS} (LLAMA_MAX_LAYERS)")
-    hp.n_layer = n_layer
-    if ml.get_u32("%s.nextn_predict_layers", 0):
-        ml.fail(f"{ml.key('%s.nextn_predict_layers')}: multi-token-prediction layers are not planned yet")
+    hp.n_layer_all = n_layer
+    hp.n_layer_nextn = ml.get_u32("%s.nextn_predict_layers", 0)
+    require(ml, hp.n_layer_nextn <= n_layer, f"{ml.key('%s.nextn_predict_layers')} is {hp.n_layer_nextn}, more than "
+            f"the {n_layer} blocks (llama.cpp asserts n_layer_nextn <= n_layer_all)")
+    hp.n_layer = n_layer - hp.n_layer_nextn
     hp.n_expert = ml.get_u32("%s.expert_count", 0)
     hp.n_expert_used_arr = ml.get_key_or_arr("%s.expert_used_count", n_layer, 0)
     hp.n_expert_groups = ml.get_u32("%s.expert_group_count", 0)
@@ -206,7 +209,7 @@ def load_swa_pattern(ml: ModelLoader, hp: HParams, n_pattern: int, dense_first: 
     or as a period (default n_pattern) expanded by set_swa_pattern."""
     if ml.is_array("%s.attention.sliding_window_pattern"):
         flags = ml.get_arr("%s.attention.sliding_window_pattern", (BOOL, UINT32, INT32))
-        hp.is_swa_arr = tuple(il < len(flags) and bool(flags[il]) for il in range(hp.n_layer))
+        hp.is_swa_arr = tuple(il < len(flags) and bool(flags[il]) for il in range(hp.n_layer_all))
         return
     hp.set_swa_pattern(ml.get_u32("%s.attention.sliding_window_pattern", n_pattern), dense_first)
 
@@ -255,11 +258,14 @@ class TensorCreator:
         info = self.ml.check_tensor_dims(t.name, ne, not flags & TENSOR_NOT_REQUIRED)
         if info is None:
             return None
+        if flags & TENSOR_SKIP:   # "model has unused tensor ... -- ignoring" (llama-model-loader.cpp:1178)
+            self.n_created += 1
+            return None
         tensor_kind = "OUTPUT" if t.tensor == "TOKEN_EMBD" and flags & TENSOR_DUPLICATED else t.tensor
         _, layer, op = LLM_TENSOR_INFOS[tensor_kind]
         if t.name.endswith(".bias"):   # biases are added, to expert outputs by id
             op = "ADD_ID" if op == "MUL_MAT_ID" else "ADD"
-        il = -1 if layer == LAYER_INPUT else self.hparams.n_layer if layer == LAYER_OUTPUT else t.bid
+        il = -1 if layer == LAYER_INPUT else self.hparams.n_layer_all if layer == LAYER_OUTPUT else t.bid
         w = ggml.new_tensor(info.type, *info.ne)
         w.name = t.name
         buft = self.place(w, t.name, op, il)
@@ -277,6 +283,14 @@ class TensorCreator:
                           n_embd_v: int, flags: int = 0) -> None:
         """llama_model_base::create_tensor_qkv: a fused attn_qkv if present, else Q, K, V."""
         n_embd_qkv = n_embd_q + n_embd_k + n_embd_v
+        if flags & TENSOR_SKIP:
+            skip = TENSOR_NOT_REQUIRED | TENSOR_SKIP
+            for name, suffix, ne in (("ATTN_QKV", "weight", (n_embd, n_embd_qkv)), ("ATTN_QKV", "bias", (n_embd_qkv,)),
+                                     ("ATTN_Q", "weight", (n_embd, n_embd_q)), ("ATTN_K", "weight", (n_embd, n_embd_k)),
+                                     ("ATTN_V", "weight", (n_embd, n_embd_v)), ("ATTN_Q", "bias", (n_embd_q,)),
+                                     ("ATTN_K", "bias", (n_embd_k,)), ("ATTN_V", "bias", (n_embd_v,))):
+                self.create_tensor(tn(name, suffix, bid), ne, skip)
+            return
         layer.wqkv = self.create_tensor(tn("ATTN_QKV", "weight", bid), (n_embd, n_embd_qkv), TENSOR_NOT_REQUIRED)
         if layer.wqkv is not None:
             layer.wqkv_b = self.create_tensor(tn("ATTN_QKV", "bias", bid), (n_embd_qkv,), TENSOR_NOT_REQUIRED)
@@ -296,6 +310,12 @@ class TensorCreator:
     def create_tensor_gate_up_exps(self, layer: Layer, bid: int, n_embd: int, n_ff: int, n_expert: int,
                                    flags: int = 0) -> None:
         """llama_model_base::create_tensor_gate_up_exps: merged gate_up experts if present, else gate and up."""
+        if flags & TENSOR_SKIP:
+            skip = TENSOR_NOT_REQUIRED | TENSOR_SKIP
+            self.create_tensor(tn("FFN_GATE_UP_EXPS", "weight", bid), (n_embd, n_ff * 2, n_expert), skip)
+            self.create_tensor(tn("FFN_GATE_EXPS", "weight", bid), (n_embd, n_ff, n_expert), skip)
+            self.create_tensor(tn("FFN_UP_EXPS", "weight", bid), (n_embd, n_ff, n_expert), skip)
+            return
         layer.ffn_gate_up_exps = self.create_tensor(tn("FFN_GATE_UP_EXPS", "weight", bid), (n_embd, n_ff * 2, n_expert),
                                                     TENSOR_NOT_REQUIRED)
         if layer.ffn_gate_up_exps is None:
@@ -322,7 +342,8 @@ class TensorCreator:
 
 def load_tensors(ml: ModelLoader, hp: HParams, place: Placement) -> Model:
     """llama_model_base::load_tensors: the arch's tensors, then one buffer per buffer-type context."""
-    model = Model(hp, layers=[Layer() for _ in range(hp.n_layer)])
+    model = Model(hp, layers=[Layer() for _ in range(hp.n_layer)],
+                  layers_nextn=[Layer() for _ in range(hp.n_layer_nextn)])
     creator = TensorCreator(ml, hp, place)
     models.arch_module(ml).load_arch_tensors(creator, model)
     creator.done_getting_tensors()

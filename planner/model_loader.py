@@ -18,8 +18,9 @@ from .split import LLM_KV_SPLIT_COUNT, LLM_KV_SPLIT_NO, LLM_KV_SPLIT_TENSORS_COU
 if TYPE_CHECKING:
     from .gguf import GGUFHeader, TensorInfo
 
-# llama_model_loader's create_tensor flags
-TENSOR_NOT_REQUIRED, TENSOR_DUPLICATED = 1, 2
+# llama_model_loader's create_tensor flags; TENSOR_SKIP: a tensor in the file that is counted as
+# used but not loaded (the NextN layers when load_mtp is off, as llama_model_default_params has it)
+TENSOR_NOT_REQUIRED, TENSOR_DUPLICATED, TENSOR_SKIP = 1, 2, 4
 
 # the array element types get_arr reads at all (others: "is not a string/float32/uint32/int32/uint64 array")
 _ARRAY_ELEM_TYPES = (BOOL, UINT32, INT32, UINT64, FLOAT32, STRING)
@@ -153,6 +154,10 @@ class ModelLoader:
                 self.fail(f"key not found in model: {key}")
             return default
         return self._typed(key, gguf_type)
+
+    def get_weight(self, name: str) -> Optional["TensorInfo"]:
+        """llama_model_loader::get_weight: the file's tensor of that name, if any."""
+        return self.tensors.get(name)
 
     def has(self, kv: str) -> bool:
         return self.header.get(self.key(kv)) is not None

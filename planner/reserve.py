@@ -119,7 +119,7 @@ def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, 
 def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
     """llama_model::build_graph for the reserve ubatch, with graph_get_cb's pins."""
     sched, devices = ctx.sched, ctx.devices
-    full_offload = devices.n_gpu_layers > ctx.hparams.n_layer
+    full_offload = devices.n_gpu_layers > ctx.hparams.n_layer_all
 
     def pin(t: ggml.Tensor, il: int) -> None:
         if ubatch.n_tokens < 32 or full_offload:

@@ -29,7 +29,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.n_lora_kv = ml.get_u32("%s.attention.kv_lora_rank")
     hp.n_embd_head_k_mla_impl = ml.get_u32("%s.attention.key_length_mla", 0)
     hp.n_embd_head_v_mla_impl = ml.get_u32("%s.attention.value_length_mla", 0)
-    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer)
+    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer_all)
     hp.n_expert_shared = ml.get_u32("%s.expert_shared_count")
     hp.expert_weights_scale = ml.get_f32("%s.expert_weights_scale", 0.0)
     hp.expert_weights_norm = ml.get_bool("%s.expert_weights_norm", False)

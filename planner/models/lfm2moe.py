@@ -19,7 +19,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.n_shortconv_l_cache = ml.get_u32("%s.shortconv.l_cache")
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
     hp.n_layer_dense_lead = ml.get_u32("%s.leading_dense_block_count", 0)
-    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer)
+    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer_all)
     hp.expert_gating_func = ml.get_u32("%s.expert_gating_func")
     hp.is_recr_arr = tuple(hp.n_head_kv(il) == 0 for il in range(hp.n_layer))
     hp.swa_type = LLAMA_SWA_TYPE_NONE

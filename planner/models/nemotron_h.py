@@ -28,7 +28,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.f_norm_eps = ml.get_f32("%s.attention.layer_norm_epsilon")
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon", hp.f_norm_eps)
     # Puzzle models set a different expert FFN size per layer
-    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer, 0)
+    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer_all, 0)
     hp.n_ff_shexp = ml.get_u32("%s.expert_shared_feed_forward_length", 0)
     hp.n_expert_shared = ml.get_u32("%s.expert_shared_count", 0)
     hp.expert_weights_norm = ml.get_bool("%s.expert_weights_norm", False)

@@ -20,7 +20,7 @@ LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
-    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer)
+    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer_all)
     hp.n_swa = ml.get_u32("%s.attention.sliding_window")
     hp.swa_type = LLAMA_SWA_TYPE_STANDARD
     load_swa_pattern(ml, hp, 2)

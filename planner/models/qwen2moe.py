@@ -17,7 +17,7 @@ LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
 
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
-    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer, 0)
+    hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer_all, 0)
     hp.n_ff_shexp = ml.get_u32("%s.expert_shared_feed_forward_length", 0)
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
     require(ml, hp.n_expert > 0, "n_expert must be > 0 for QWEN2MOE")

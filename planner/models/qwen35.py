@@ -44,7 +44,7 @@ def load_gdn_hparams(ml: ModelLoader, hp: HParams) -> None:
             f"{ml.key('%s.ssm.inner_size')} ({hp.ssm_d_inner}) must be {ml.key('%s.ssm.state_size')} x "
             f"{ml.key('%s.ssm.time_step_rank')}: the delta net's K and V heads have one size")
     if ml.has("%s.attention.recurrent_layers"):
-        hp.is_recr_arr = tuple(bool(x) for x in ml.get_key_or_arr("%s.attention.recurrent_layers", hp.n_layer))
+        hp.is_recr_arr = tuple(bool(x) for x in ml.get_key_or_arr("%s.attention.recurrent_layers", hp.n_layer_all))
     else:
         interval = ml.get_u32("%s.full_attention_interval", 4)
         require(ml, interval > 0, f"{ml.key('%s.full_attention_interval')} is 0 (llama.cpp divides by it)")

@@ -155,10 +155,6 @@ class ModelLoader:
             return default
         return self._typed(key, gguf_type)
 
-    def get_weight(self, name: str) -> Optional["TensorInfo"]:
-        """llama_model_loader::get_weight: the file's tensor of that name, if any."""
-        return self.tensors.get(name)
-
     def has(self, kv: str) -> bool:
         return self.header.get(self.key(kv)) is not None
 

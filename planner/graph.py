@@ -584,10 +584,14 @@ class GraphContext:
         ggml.build_forward_expand(self.gf, cur)
         return cur
 
-    def build_output(self, cur: Tensor, softcap: Optional[float] = None) -> None:
+    def build_output(self, cur: Tensor, softcap: Optional[float] = None, h_nextn: bool = False) -> None:
         """The tail most builders share: output_norm (result_norm, t_embd), the lm_head, its bias
-        if any, final logit softcapping if any (result_output, t_logits), expanded into the graph."""
+        if any, final logit softcapping if any (result_output, t_logits), expanded into the graph.
+        h_nextn: the normed state is also kept for multi-token prediction (t_h_nextn)."""
         cur = self.build_norm(cur, self.model.output_norm, None, LLM_NORM_RMS, -1)
+        if h_nextn:
+            self.cb(cur, "h_nextn", -1)
+            self.t_h_nextn = cur
         self.cb(cur, "result_norm", -1)
         self.t_embd = cur
         cur = self.build_lora_mm(self.model.output, cur)

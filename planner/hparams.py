@@ -114,6 +114,10 @@ class HParams:
     def n_expert_used_max(self) -> int:
         return max(self.n_expert_used_arr)
 
+    def use_mrope(self) -> bool:
+        """llama_hparams::use_mrope"""
+        return self.rope_sections[0] > 0 and self.rope_sections[1] > 0
+
     def n_ff_exp(self, il: int = 0) -> int:
         return self.n_ff_exp_arr[il]
 

@@ -174,7 +174,8 @@ def load_hparams(ml: ModelLoader) -> HParams:
         # gemma3), Python raises; a zero head count or head size is what check_hparams refuses
         check_hparams(ml, hp)
         raise
-    hp.rope_type = arch.LLAMA_ROPE_TYPE
+    # llama_model_rope_type: a constant, or for a few architectures a choice on the hparams
+    hp.rope_type = arch.LLAMA_ROPE_TYPE(hp) if callable(arch.LLAMA_ROPE_TYPE) else arch.LLAMA_ROPE_TYPE
     check_hparams(ml, hp)
     return hp
 

@@ -14,6 +14,7 @@ ARCHS = {
     "deepseek2": "deepseek2",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
+    "glm4moe": "glm4moe",
     "gpt-oss": "openai_moe",
     "granitehybrid": "granitehybrid",
     "lfm2": "lfm2",

@@ -190,12 +190,4 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "l_out", il)
         inp_l = cur
 
-    cur = g.build_norm(inp_l, model.output_norm, None, LLM_NORM_RMS, -1)
-    g.cb(cur, "h_nextn", -1)
-    g.t_h_nextn = cur
-    g.cb(cur, "result_norm", -1)
-    g.t_embd = cur
-    cur = ggml.mul_mat(model.output, cur)
-    g.cb(cur, "result_output", -1)
-    g.t_logits = cur
-    ggml.build_forward_expand(g.gf, cur)
+    g.build_output(inp_l, h_nextn=True)

@@ -336,7 +336,8 @@ class GraphContext:
                       gate_exps_b: Optional[Tensor] = None, down_exps_b: Optional[Tensor] = None,
                       gate_up_exps: Optional[Tensor] = None, probs_in: Optional[Tensor] = None) -> Tensor:
         """build_moe_ffn: router logits (or the caller's, probs_in), gating, top-k experts, their
-        weights, the experts' FFN by MUL_MAT_ID, weighting, then one view per used expert summed."""
+        weights, the experts' FFN by MUL_MAT_ID, weighting (of the output; of the input for llama4),
+        then one view per used expert summed."""
         hp = self.hparams
         n_embd, n_tokens = cur.ne[0], cur.ne[1]
         if probs_in is None:
@@ -360,6 +361,10 @@ class GraphContext:
         if exp_probs_b is not None:
             selection_probs = ggml.add(probs, exp_probs_b)
             self.cb(selection_probs, "ffn_moe_probs_biased", il)
+        # llama4 selects by the logits; the sigmoid only weights (llama-graph.cpp build_moe_ffn)
+        weight_before_ffn = hp.arch == "llama4"
+        if weight_before_ffn:
+            selection_probs = logits
         if hp.n_expert_groups > 1 and n_tokens > 0:
             selection_probs = self._select_expert_groups(selection_probs, n_expert, n_tokens, il)
         selected = ggml.argsort_top_k(selection_probs, n_expert_used)
@@ -386,6 +391,9 @@ class GraphContext:
         ggml.build_forward_expand(self.gf, weights)   # early, so that topk-moe can be fused
 
         cur = ggml.reshape(cur, n_embd, 1, n_tokens)
+        if weight_before_ffn:   # llama4 weights each expert's copy of the input, not its output
+            cur = ggml.mul(ggml.repeat_4d(cur, n_embd, n_expert_used, n_tokens, 1), weights)
+            self.cb(cur, "ffn_moe_weighted", il)
         if gate_up_exps is not None:
             gate_up = ggml.mul_mat_id(gate_up_exps, cur, selected)
             self.cb(gate_up, "ffn_moe_gate_up", il)
@@ -426,8 +434,9 @@ class GraphContext:
         if down_exps_b is not None:
             experts = ggml.add_id(experts, down_exps_b, selected)
             self.cb(experts, "ffn_moe_down_biased", il)
-        experts = ggml.mul(experts, weights)
-        self.cb(experts, "ffn_moe_weighted", il)
+        if not weight_before_ffn:
+            experts = ggml.mul(experts, weights)
+            self.cb(experts, "ffn_moe_weighted", il)
         ggml.build_forward_expand(self.gf, experts)
 
         # one view per used expert (ordered before the adds), then their sum

@@ -76,7 +76,9 @@ class HParams:
     swa_type: int = LLAMA_SWA_TYPE_NONE
     n_swa: int = 0
     is_swa_arr: tuple[bool, ...] = ()
-    n_no_rope_layer_step: int = 0          # smollm3: every n-th layer has no rope
+    n_no_rope_layer_step: int = 4          # every n-th layer has no rope (smollm3, llama4); llama-hparams.h's default
+    n_moe_layer_step: int = 0              # llama4: every n-th layer has experts (interleave_moe_layer_step)
+    use_kq_norm: bool = False              # llama4: L2 norm of Q and K on the rope layers
     causal_attn: bool = True
     # recurrent layers (llama_memory_recurrent): Mamba-2, gated delta net, short convolution
     ssm_d_conv: int = 0

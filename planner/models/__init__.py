@@ -20,6 +20,7 @@ ARCHS = {
     "lfm2": "lfm2",
     "lfm2moe": "lfm2moe",
     "llama": "llama",
+    "llama4": "llama4",
     "mamba2": "mamba2",
     "mistral3": "mistral3",
     "nemotron_h": "nemotron_h",

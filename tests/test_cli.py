@@ -296,3 +296,16 @@ def test_graph_assert_llama_cpp_would_hit_is_one_line(tmp_path):
     config["metadata"]["olmoe.attention.head_count_kv"] = 2
     path = write_gguf(config, tmp_path / "gqa.gguf", header_only=True)
     assert_cli_error(invoke(path), "ggml_can_repeat", "blk.0.attn_k_norm.weight")
+
+
+def test_llama4_without_a_nope_layer_is_refused_in_one_line(tmp_path):
+    """A llama4 of fewer than 4 layers has no layer without rope: llama.cpp reserves it, then aborts
+    on the first decode setting the unallocated attention temperature input (seen with real
+    llama.cpp): the plan refuses it in one line."""
+    import copy
+
+    from fixtures.make_gguf import load_config, write_gguf
+    config = copy.deepcopy(load_config("tiny-llama4"))
+    config["metadata"]["llama4.block_count"] = 3
+    path = write_gguf(config, tmp_path / "three.gguf", header_only=True)
+    assert_cli_error(invoke(path), "first decode", "inp_attn_scale")

@@ -9,6 +9,7 @@ a shared expert; dense FFN layers between them.
 from __future__ import annotations
 
 from .. import ggml
+from ..ggml import GGMLAbort
 from ..graph import LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext, kq_scale_for
 from ..hparams import LLAMA_ROPE_TYPE_NORM, LLAMA_SWA_TYPE_CHUNKED, LLAMA_SWA_TYPE_NONE, HParams
 from ..model import Model, TensorCreator, load_swa_pattern, require, require_head_sizes_equal
@@ -78,15 +79,20 @@ def build(g: GraphContext) -> None:
     kq_scale = kq_scale_for(hp, n_embd_head)
     inp_out_ids = g.build_inp_out_ids()
 
+    if all(use_rope(hp, il) for il in range(hp.n_layer)):
+        # llm_graph_input_attn_temp::set_input writes the unused, unallocated inp_attn_scale
+        raise GGMLAbort("llama.cpp would abort at the first decode (ggml-backend.cpp GGML_ASSERT: tensor buffer "
+                        f"not set): each of the {hp.n_layer} layers has rope (only every {hp.n_no_rope_layer_step}th "
+                        "has none), so the attention temperature input inp_attn_scale is in no graph")
+
     for il, layer in enumerate(model.layers):
         inp_sa = inp_l
-        use_rope = hp.n_no_rope_layer_step > 0 and (il + 1) % hp.n_no_rope_layer_step != 0
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)
 
         rope_factors = model.get_rope_factors(g.cparams.n_ctx_seq, il)
         q, k, v = g.build_qkv(layer, cur, n_embd_head, hp.n_head(), hp.n_head_kv(), il)
-        if use_rope:
+        if use_rope(hp, il):
             q = ggml.rope_ext(q, inp_pos, rope_factors, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn)
             k = ggml.rope_ext(k, inp_pos, rope_factors, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn)
         else:
@@ -94,7 +100,7 @@ def build(g: GraphContext) -> None:
         g.cb(q, "Qcur", il)
         g.cb(k, "Kcur", il)
         g.cb(v, "Vcur", il)
-        if use_rope and hp.use_kq_norm:   # Llama4TextL2Norm
+        if use_rope(hp, il) and hp.use_kq_norm:   # Llama4TextL2Norm
             q = ggml.rms_norm(q, hp.f_norm_rms_eps)
             k = ggml.rms_norm(k, hp.f_norm_rms_eps)
             g.cb(q, "Qcur_normed", il)
@@ -131,3 +137,8 @@ def build(g: GraphContext) -> None:
         inp_l = cur
 
     g.build_output(inp_l)
+
+
+def use_rope(hp: HParams, il: int) -> bool:
+    """Every n_no_rope_layer_step-th layer has no rope (this overlaps with the chunked layers)."""
+    return hp.n_no_rope_layer_step > 0 and (il + 1) % hp.n_no_rope_layer_step != 0

@@ -298,14 +298,19 @@ def test_graph_assert_llama_cpp_would_hit_is_one_line(tmp_path):
     assert_cli_error(invoke(path), "ggml_can_repeat", "blk.0.attn_k_norm.weight")
 
 
-def test_llama4_without_a_nope_layer_is_refused_in_one_line(tmp_path):
-    """A llama4 of fewer than 4 layers has no layer without rope: llama.cpp reserves it, then aborts
-    on the first decode setting the unallocated attention temperature input (seen with real
-    llama.cpp): the plan refuses it in one line."""
+@pytest.mark.parametrize("key,value,needles", [
+    ("block_count", 3, ("first decode", "inp_attn_scale")),
+    ("attention.sliding_window", 0, ("first decode", "f_attn_temp_scale", "sliding_window is 0")),
+])
+def test_llama4_that_aborts_on_the_first_decode_is_refused_in_one_line(tmp_path, key, value, needles):
+    """llama.cpp reserves these llama4 headers, then aborts on the first decode setting the attention
+    temperature (seen with real llama.cpp): under 4 layers no layer goes without rope, so the input
+    is unallocated; with sliding_window 0 the last layer goes without rope but no temperature scale
+    is set. The plan refuses both in one line."""
     import copy
 
     from fixtures.make_gguf import load_config, write_gguf
     config = copy.deepcopy(load_config("tiny-llama4"))
-    config["metadata"]["llama4.block_count"] = 3
-    path = write_gguf(config, tmp_path / "three.gguf", header_only=True)
-    assert_cli_error(invoke(path), "first decode", "inp_attn_scale")
+    config["metadata"][f"llama4.{key}"] = value
+    path = write_gguf(config, tmp_path / "l4.gguf", header_only=True)
+    assert_cli_error(invoke(path), *needles)

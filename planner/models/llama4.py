@@ -31,6 +31,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     else:
         hp.swa_type = LLAMA_SWA_TYPE_CHUNKED
         hp.n_swa = 8192   # whatever the header says: the attention chunk size
+        hp.f_attn_temp_scale = 0.1
         load_swa_pattern(ml, hp, 4)   # 3 chunked, 1 full
         hp.rope_freq_base_train_swa = ml.get_f32("%s.rope.freq_base_swa", hp.rope_freq_base_train)
     hp.use_kq_norm = hp.n_expert != LLM_TYPE_17B_128E_EXPERTS
@@ -79,11 +80,15 @@ def build(g: GraphContext) -> None:
     kq_scale = kq_scale_for(hp, n_embd_head)
     inp_out_ids = g.build_inp_out_ids()
 
+    # llm_graph_input_attn_temp::set_input fills inp_attn_scale at every decode (reserving never does)
     if all(use_rope(hp, il) for il in range(hp.n_layer)):
-        # llm_graph_input_attn_temp::set_input writes the unused, unallocated inp_attn_scale
         raise GGMLAbort("llama.cpp would abort at the first decode (ggml-backend.cpp GGML_ASSERT: tensor buffer "
                         f"not set): each of the {hp.n_layer} layers has rope (only every {hp.n_no_rope_layer_step}th "
                         "has none), so the attention temperature input inp_attn_scale is in no graph")
+    if hp.f_attn_temp_scale == 0.0:
+        raise GGMLAbort("llama.cpp would abort at the first decode (llama-graph.cpp GGML_ASSERT(f_attn_temp_scale != "
+                        f"0.0f)): {hp.arch}.attention.sliding_window is 0, which leaves the attention temperature "
+                        f"unset while layer {hp.n_layer - 1} still goes without rope")
 
     for il, layer in enumerate(model.layers):
         inp_sa = inp_l

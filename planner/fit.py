@@ -567,6 +567,13 @@ def fit_params(model_path: str, params: Params, *, n_ctx_auto: bool, margins: Op
     except FitFailure as e:
         status, message = FIT_FAILURE, str(e)
     p = fit.params
+    m = fit.initial
+    n_nextn = len(m.layer_devices) - 1 - m.hp_ngl if m else 0
+    if status == FIT_SUCCESS and n_nextn and 0 < p.n_gpu_layers <= m.hp_ngl + n_nextn:
+        last = m.hp_ngl + n_nextn - p.n_gpu_layers
+        fit.trc(f"note: fit counts the {m.hp_ngl} trunk layers (llama_model_n_layer), but llama.cpp places the "
+                f"{n_nextn} multi-token-prediction block(s) as layers too: -ngl {p.n_gpu_layers} leaves "
+                f"{'layer 0' if last == 0 else f'layers 0..{last}'} on the CPU")
     if status == FIT_SUCCESS and 1 < len(p.tensor_split) and p.tensor_split[-1] == 0.0:
         fit.trc("note: the line leaves out -ts for the last devices, which get no layers: pasted into llama.cpp "
                 "with --fit off, the layers would be split over all devices by their free memory instead")

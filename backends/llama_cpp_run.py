@@ -185,20 +185,26 @@ def build_shim() -> Path:
     libllama = libdir / "libllama.so.0"
     st = libllama.stat()
     key = hashlib.sha256(src.read_bytes() + f"{libllama}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    out = cache_dir() / f"libsp_memory_breakdown-{key}.so"
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    return compile_shared(src, f"libsp_memory_breakdown-{key}.so", cxx, ["-std=c++17"],
+                          [f"-L{libdir}", "-l:libllama.so.0", f"-Wl,-rpath,{libdir}"], "the memory-breakdown shim")
+
+
+def compile_shared(src: Path, name: str, compiler: Optional[str], flags: list[str], libs: list[str], what: str) -> Path:
+    """src compiled once into a shared library in the cache (written under a temporary name, then
+    moved: concurrent first uses never load a half-written file)."""
+    out = cache_dir() / name
     if out.exists():
         return out
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not cxx:
-        raise RunError("a C++ compiler (g++) is needed once to build the memory-breakdown shim")
+    if not compiler:
+        raise RunError(f"a compiler is needed once to build {what}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", str(src), "-o", str(tmp), f"-L{libdir}",
-           "-l:libllama.so.0", f"-Wl,-rpath,{libdir}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run([compiler, *flags, "-O2", "-shared", "-fPIC", str(src), "-o", str(tmp), *libs],
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
-        raise RunError(f"building the memory-breakdown shim failed: {proc.stderr.strip().splitlines()[-1:]}")
+        raise RunError(f"building {what} failed: {proc.stderr.strip().splitlines()[-1:]}")
     os.replace(tmp, out)
     return out
 

@@ -90,23 +90,12 @@ def _accepts(port: int) -> bool:
 def build_fake_memory() -> Path:
     """Compile fake_memory.c (once per source) into the cache: the LD_PRELOAD library that makes a
     server report the memory it is told to."""
-    from .llama_cpp_run import RunError, cache_dir
+    from .llama_cpp_run import compile_shared
 
     src = Path(__file__).with_name("fake_memory.c")
-    out = cache_dir() / f"libsp_fake_memory-{hashlib.sha256(src.read_bytes()).hexdigest()[:16]}.so"
-    if out.exists():
-        return out
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise RunError("a C compiler (cc) is needed once to build the fake-memory library")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(src), "-o", str(tmp)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise RunError(f"building the fake-memory library failed: {proc.stderr.strip().splitlines()[-1:]}")
-    os.replace(tmp, out)
-    return out
+    return compile_shared(src, f"libsp_fake_memory-{hashlib.sha256(src.read_bytes()).hexdigest()[:16]}.so", cc, [],
+                          [], "the fake-memory library")
 
 
 def start_server(port: int, threads: int = 1, memory: Optional[tuple[int, int]] = None) -> subprocess.Popen:

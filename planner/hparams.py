@@ -1,7 +1,7 @@
 """Model hyperparameters: the parts of llama_hparams (src/llama-hparams.h/.cpp) that shape memory.
 
 Filled by model.load_hparams (llama_model_base::load_hparams) and each architecture's
-load_arch_hparams in planner/models/. Per-layer values are tuples of n_layer entries, read only
+load_arch_hparams in planner/models/. Per-layer values are tuples of n_layer_all entries, read only
 after the layer count is bounded by LLAMA_MAX_LAYERS; the accessors take the layer as llama.cpp's do.
 """
 from __future__ import annotations
@@ -139,7 +139,8 @@ class HParams:
         return any(self.is_swa_arr)
 
     def is_recr(self, il: int) -> bool:
-        return bool(self.is_recr_arr) and self.is_recr_arr[il]
+        # false past the array, as llama.cpp's LLAMA_MAX_LAYERS-sized is_recr_impl is
+        return il < len(self.is_recr_arr) and self.is_recr_arr[il]
 
     def has_attn(self, il: int) -> bool:
         return not (self.ffn_only_arr and self.ffn_only_arr[il])

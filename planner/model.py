@@ -323,6 +323,27 @@ class TensorCreator:
             layer.ffn_gate_exps = self.create_tensor(tn("FFN_GATE_EXPS", "weight", bid), (n_embd, n_ff, n_expert), flags)
             layer.ffn_up_exps = self.create_tensor(tn("FFN_UP_EXPS", "weight", bid), (n_embd, n_ff, n_expert), flags)
 
+    def mtp_only(self) -> bool:
+        """A file of the NextN blocks alone (convert_hf_to_gguf.py --mtp): the loaders' probe, no
+        trunk layer 0; its trunk tensors are then not required."""
+        return self.hparams.n_layer_nextn > 0 and self.ml.get_weight("blk.0.attn_norm.weight") is None
+
+    def trunk_only(self) -> bool:
+        """A file without the NextN blocks (the deepseek2/glm4moe probe): theirs are then not required."""
+        return (self.hparams.n_layer_nextn > 0
+                and self.ml.get_weight(f"blk.{self.hparams.n_layer}.nextn.eh_proj.weight") is None)
+
+    def create_nextn(self, bid: int, flags: int) -> None:
+        """A NextN block's own tensors (llama_layer::nextn): eh_proj, enorm, hnorm, and the
+        optional embed_tokens and shared head. Only the MTP graph reads them: none is kept."""
+        n_embd, n_vocab = self.hparams.n_embd, self.hparams.n_vocab
+        self.create_tensor(tn("NEXTN_EH_PROJ", "weight", bid), (2 * n_embd, n_embd), flags)
+        self.create_tensor(tn("NEXTN_ENORM", "weight", bid), (n_embd,), flags)
+        self.create_tensor(tn("NEXTN_HNORM", "weight", bid), (n_embd,), flags)
+        self.create_tensor(tn("NEXTN_EMBED_TOKENS", "weight", bid), (n_embd, n_vocab), TENSOR_NOT_REQUIRED | flags)
+        self.create_tensor(tn("NEXTN_SHARED_HEAD_HEAD", "weight", bid), (n_embd, n_vocab), TENSOR_NOT_REQUIRED | flags)
+        self.create_tensor(tn("NEXTN_SHARED_HEAD_NORM", "weight", bid), (n_embd,), TENSOR_NOT_REQUIRED | flags)
+
     def create_output(self, model: Model, n_embd: int, n_vocab: int) -> None:
         """The output head most builders share: output_norm, output or the tied token_embd."""
         model.output_norm = self.create_tensor(tn("OUTPUT_NORM", "weight"), (n_embd,))

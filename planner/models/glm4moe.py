@@ -42,10 +42,8 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
     n_embd, n_vocab, n_expert, n_layer = hp.n_embd, hp.n_vocab, hp.n_expert, hp.n_layer
     n_embd_head_k = hp.n_embd_head_k()
     # a file of the MTP block alone, or of the trunk alone (llama_model_glm4_moe::load_arch_tensors)
-    mtp_only = hp.n_layer_nextn > 0 and c.ml.get_weight("blk.0.attn_norm.weight") is None
-    trunk_only = hp.n_layer_nextn > 0 and c.ml.get_weight(f"blk.{n_layer}.nextn.eh_proj.weight") is None
-    trunk_flags = TENSOR_NOT_REQUIRED if mtp_only else 0
-    mtp_flags = (TENSOR_NOT_REQUIRED if trunk_only else 0) | TENSOR_SKIP    # load_mtp is off
+    trunk_flags = TENSOR_NOT_REQUIRED if c.mtp_only() else 0
+    mtp_flags = (TENSOR_NOT_REQUIRED if c.trunk_only() else 0) | TENSOR_SKIP    # load_mtp is off
     require(c.ml, n_expert > 0, "n_expert must be > 0 for GLM4_MOE MoE layers")
     require(c.ml, hp.n_expert_used() > 0, "n_expert_used must be > 0 for GLM4_MOE MoE layers")
 
@@ -77,12 +75,7 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
             layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (hp.n_ff(), n_embd), flags)
             layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, hp.n_ff()), flags)
         if i >= n_layer:
-            c.create_tensor(tn("NEXTN_EH_PROJ", "weight", i), (2 * n_embd, n_embd), flags)
-            c.create_tensor(tn("NEXTN_ENORM", "weight", i), (n_embd,), flags)
-            c.create_tensor(tn("NEXTN_HNORM", "weight", i), (n_embd,), flags)
-            c.create_tensor(tn("NEXTN_EMBED_TOKENS", "weight", i), (n_embd, n_vocab), TENSOR_NOT_REQUIRED | flags)
-            c.create_tensor(tn("NEXTN_SHARED_HEAD_HEAD", "weight", i), (n_embd, n_vocab), TENSOR_NOT_REQUIRED | flags)
-            c.create_tensor(tn("NEXTN_SHARED_HEAD_NORM", "weight", i), (n_embd,), TENSOR_NOT_REQUIRED | flags)
+            c.create_nextn(i, flags)
 
 
 def build(g: GraphContext) -> None:

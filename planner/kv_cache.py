@@ -133,7 +133,7 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
     by_buft: dict[str, tuple[BufferType, list[Tensor]]] = {}
     n_embd_head_k_all = n_embd_head_v_all = 0
     is_mla = hp.is_mla()
-    for il in range(hp.n_layer):
+    for il in range(hp.n_layer_all):    # the NextN layers too, unless the filter drops them
         if layer_filter is not None and not layer_filter(il):
             continue
         if n_embd_head_k_all == 0:

@@ -43,7 +43,7 @@ def create_memory_recurrent(hp: HParams, type_r: int, type_s: int, mem_size: int
     r_l, s_l = {}, {}
     by_buft: dict[str, tuple] = {}
     n_rows = mem_size * (1 + n_rs_seq)
-    for il in range(hp.n_layer):
+    for il in range(hp.n_layer):        # hparams.n_layer(): never the NextN layers
         if layer_filter is not None and not layer_filter(il):
             continue
         r = ggml.new_tensor(type_r, hp.n_embd_r(), n_rows)

@@ -103,17 +103,25 @@ def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, 
             # attention and recurrent layers are those without an FFN; the FFN-only layers hold no memory
             def filter_attn(il): return not hp.is_recr(il) and hp.n_ff(il) == 0
             def filter_recr(il): return hp.is_recr(il) and hp.n_ff(il) == 0
+        elif hp.arch in ("qwen3next", "qwen35", "qwen35moe"):
+            # the trunk's layers only, never the NextN ones
+            def filter_attn(il): return il < hp.n_layer and not hp.is_recr(il)
+            def filter_recr(il): return il < hp.n_layer and hp.is_recr(il)
         else:
-            # llama_memory_hybrid's defaults (the qwen3next/qwen35 filters say the same within n_layer)
+            # llama_memory_hybrid's defaults
             def filter_attn(il): return not hp.is_recr(il)
             def filter_recr(il): return hp.is_recr(il)
         attn = create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, cp.n_ctx_seq, cp.n_seq_max, cp.kv_unified,
                                kv_buft, filter_attn)
         return MemoryHybrid(attn, create_memory_recurrent(hp, ggml.T.F32, ggml.T.F32, rs_size, 0, kv_buft,
                                                           filter_recr))
+    # with NextN layers (and a trunk) the main context's cache holds the trunk's layers only
+    def trunk(il): return il < hp.n_layer
+    layer_filter = trunk if hp.n_layer_nextn > 0 and hp.n_layer > 0 else None
     if hp.swa_type != LLAMA_SWA_TYPE_NONE:
-        return create_kv_cache_iswa(hp, cp, v_trans, kv_buft)
-    return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, cp.n_ctx_seq, cp.n_seq_max, cp.kv_unified, kv_buft)
+        return create_kv_cache_iswa(hp, cp, v_trans, kv_buft, layer_filter)
+    return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, cp.n_ctx_seq, cp.n_seq_max, cp.kv_unified, kv_buft,
+                           layer_filter)
 
 
 def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:

@@ -9,12 +9,13 @@ attention and a SwiGLU FFN.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_IMROPE, HParams
-from ..model import Model, TensorCreator, require
-from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
+from ..model import Layer, Model, TensorCreator, require
+from ..model_loader import TENSOR_NOT_REQUIRED, TENSOR_SKIP, ModelLoader, tn
 from .delta_net import build_conv_state, build_gdn_l2_norm, build_recurrent_attn
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_IMROPE
@@ -48,51 +49,85 @@ def load_gdn_hparams(ml: ModelLoader, hp: HParams) -> None:
     else:
         interval = ml.get_u32("%s.full_attention_interval", 4)
         require(ml, interval > 0, f"{ml.key('%s.full_attention_interval')} is 0 (llama.cpp divides by it)")
-        hp.is_recr_arr = tuple((i + 1) % interval != 0 for i in range(hp.n_layer))
+        # the NextN (MTP) layers are dense attention: never recurrent
+        hp.is_recr_arr = tuple(i < hp.n_layer and (i + 1) % interval != 0 for i in range(hp.n_layer_all))
 
 
-def load_gdn_tensors(c: TensorCreator, layer, i: int) -> None:
+def load_gdn_tensors(c: TensorCreator, layer: Layer, i: int, flags: int) -> None:
     """A gated delta net layer's projections, conv kernel, decay and norm (load_block_trunk)."""
     hp = c.hparams
     n_embd, key_dim = hp.n_embd, hp.ssm_d_state * hp.ssm_n_group
     value_dim, n_v_heads = hp.ssm_d_state * hp.ssm_dt_rank, hp.ssm_dt_rank
     layer.wqkv = c.create_tensor(tn("ATTN_QKV", "weight", i), (n_embd, key_dim * 2 + value_dim), TENSOR_NOT_REQUIRED)
     layer.wqkv_gate = c.create_tensor(tn("ATTN_GATE", "weight", i), (n_embd, value_dim), TENSOR_NOT_REQUIRED)
-    layer.ssm_conv1d = c.create_tensor(tn("SSM_CONV1D", "weight", i), (hp.ssm_d_conv, key_dim * 2 + value_dim))
-    layer.ssm_dt = c.create_tensor(tn("SSM_DT", "bias", i), (hp.ssm_dt_rank,))
-    layer.ssm_a = c.create_tensor(tn("SSM_A_NOSCAN", None, i), (hp.ssm_dt_rank,))
-    layer.ssm_beta = c.create_tensor(tn("SSM_BETA", "weight", i), (n_embd, n_v_heads))
-    layer.ssm_alpha = c.create_tensor(tn("SSM_ALPHA", "weight", i), (n_embd, n_v_heads))
-    layer.ssm_norm = c.create_tensor(tn("SSM_NORM", "weight", i), (hp.ssm_d_state,))
-    layer.ssm_out = c.create_tensor(tn("SSM_OUT", "weight", i), (value_dim, n_embd))
+    layer.ssm_conv1d = c.create_tensor(tn("SSM_CONV1D", "weight", i), (hp.ssm_d_conv, key_dim * 2 + value_dim), flags)
+    layer.ssm_dt = c.create_tensor(tn("SSM_DT", "bias", i), (hp.ssm_dt_rank,), flags)
+    layer.ssm_a = c.create_tensor(tn("SSM_A_NOSCAN", None, i), (hp.ssm_dt_rank,), flags)
+    layer.ssm_beta = c.create_tensor(tn("SSM_BETA", "weight", i), (n_embd, n_v_heads), flags)
+    layer.ssm_alpha = c.create_tensor(tn("SSM_ALPHA", "weight", i), (n_embd, n_v_heads), flags)
+    layer.ssm_norm = c.create_tensor(tn("SSM_NORM", "weight", i), (hp.ssm_d_state,), flags)
+    layer.ssm_out = c.create_tensor(tn("SSM_OUT", "weight", i), (value_dim, n_embd), flags)
 
 
-def load_gated_attn_tensors(c: TensorCreator, layer, i: int) -> None:
+def load_gated_attn_tensors(c: TensorCreator, layer: Layer, i: int, flags: int) -> None:
     """A full-attention layer: Q and its output gate in one projection, Q/K norms."""
     hp = c.hparams
     n_embd, n_embd_head_k = hp.n_embd, hp.n_embd_head_k()
-    c.create_tensor_qkv(layer, i, n_embd, n_embd_head_k * hp.n_head(i) * 2, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
-    layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd_head_k * hp.n_head(i), n_embd))
-    layer.attn_q_norm = c.create_tensor(tn("ATTN_Q_NORM", "weight", i), (n_embd_head_k,))
-    layer.attn_k_norm = c.create_tensor(tn("ATTN_K_NORM", "weight", i), (n_embd_head_k,))
+    c.create_tensor_qkv(layer, i, n_embd, n_embd_head_k * hp.n_head(i) * 2, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i),
+                        flags)
+    layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd_head_k * hp.n_head(i), n_embd), flags)
+    layer.attn_q_norm = c.create_tensor(tn("ATTN_Q_NORM", "weight", i), (n_embd_head_k,), flags)
+    layer.attn_k_norm = c.create_tensor(tn("ATTN_K_NORM", "weight", i), (n_embd_head_k,), flags)
+
+
+def load_ffn_tensors(c: TensorCreator, layer: Layer, i: int, flags: int) -> None:
+    """The dense SwiGLU FFN."""
+    n_embd, n_ff = c.hparams.n_embd, c.hparams.n_ff()
+    layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff), flags)
+    layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd), flags)
+    layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff), flags)
+
+
+LoadFfn = Callable[[TensorCreator, Layer, int, int], None]
+
+
+def load_block_trunk(c: TensorCreator, layer: Layer, il: int, flags: int, load_ffn: LoadFfn) -> None:
+    """load_block_trunk: the norms, gated attention or the gated delta net, the FFN."""
+    n_embd = c.hparams.n_embd
+    layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", il), (n_embd,), flags)
+    layer.attn_post_norm = c.create_tensor(tn("ATTN_POST_NORM", "weight", il), (n_embd,), flags)
+    if not c.hparams.is_recr(il):
+        load_gated_attn_tensors(c, layer, il, flags)
+    else:
+        load_gdn_tensors(c, layer, il, flags)
+    load_ffn(c, layer, il, flags)
+
+
+def load_block_mtp(c: TensorCreator, layer: Layer, il: int, load_ffn: LoadFfn) -> None:
+    """load_block_mtp: a full-attention decoder block and the NextN tensors, counted and
+    skipped (load_mtp is off)."""
+    n_embd = c.hparams.n_embd
+    layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", il), (n_embd,), TENSOR_SKIP)
+    layer.attn_post_norm = c.create_tensor(tn("ATTN_POST_NORM", "weight", il), (n_embd,), TENSOR_SKIP)
+    load_gated_attn_tensors(c, layer, il, TENSOR_SKIP)
+    load_ffn(c, layer, il, TENSOR_SKIP)
+    c.create_nextn(il, TENSOR_SKIP)
+
+
+def load_hybrid_tensors(c: TensorCreator, model: Model, load_ffn: LoadFfn) -> None:
+    """llama_model_qwen35(moe)::load_arch_tensors: embeddings, output, the trunk's blocks, the MTP blocks."""
+    hp = model.hparams
+    trunk_flags = TENSOR_NOT_REQUIRED if c.mtp_only() else 0
+    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (hp.n_embd, hp.n_vocab))
+    c.create_output(model, hp.n_embd, hp.n_vocab)
+    for il, layer in enumerate(model.layers):
+        load_block_trunk(c, layer, il, trunk_flags, load_ffn)
+    for il, layer in enumerate(model.layers_nextn, hp.n_layer):
+        load_block_mtp(c, layer, il, load_ffn)
 
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:
-    hp = model.hparams
-    n_embd, n_vocab = hp.n_embd, hp.n_vocab
-    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
-    c.create_output(model, n_embd, n_vocab)
-    for i, layer in enumerate(model.layers):
-        n_ff = hp.n_ff(i)
-        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
-        layer.attn_post_norm = c.create_tensor(tn("ATTN_POST_NORM", "weight", i), (n_embd,))
-        if not hp.is_recr(i):
-            load_gated_attn_tensors(c, layer, i)
-        else:
-            load_gdn_tensors(c, layer, i)
-        layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
-        layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
-        layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
+    load_hybrid_tensors(c, model, load_ffn_tensors)
 
 
 def build(g: GraphContext) -> None:

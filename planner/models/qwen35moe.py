@@ -9,10 +9,9 @@ from __future__ import annotations
 from .. import ggml
 from ..graph import LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLM_FFN_PAR, LLM_FFN_SILU, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_IMROPE, HParams
-from ..model import Model, TensorCreator, require
+from ..model import Layer, Model, TensorCreator, require
 from ..model_loader import ModelLoader, tn
-from .qwen35 import (build_hybrid, build_layer_attn, build_layer_attn_linear, load_gated_attn_tensors, load_gdn_hparams,
-                     load_gdn_tensors)
+from .qwen35 import build_hybrid, build_layer_attn, build_layer_attn_linear, load_gdn_hparams, load_hybrid_tensors
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_IMROPE
 
@@ -30,26 +29,26 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
 
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:
-    hp = model.hparams
-    n_embd, n_vocab, n_expert = hp.n_embd, hp.n_vocab, hp.n_expert
-    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
-    c.create_output(model, n_embd, n_vocab)
-    for i, layer in enumerate(model.layers):
-        n_ff_exp = hp.n_ff_exp() or hp.n_ff() // hp.n_expert_used()
-        n_ff_shexp = hp.n_ff_shexp or hp.n_ff()
-        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
-        layer.attn_post_norm = c.create_tensor(tn("ATTN_POST_NORM", "weight", i), (n_embd,))
-        if not hp.is_recr(i):
-            load_gated_attn_tensors(c, layer, i)
-        else:
-            load_gdn_tensors(c, layer, i)
-        layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert))
-        layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff_exp, n_embd, n_expert))
-        c.create_tensor_gate_up_exps(layer, i, n_embd, n_ff_exp, n_expert)
-        layer.ffn_gate_inp_shexp = c.create_tensor(tn("FFN_GATE_INP_SHEXP", "weight", i), (n_embd,))
-        layer.ffn_gate_shexp = c.create_tensor(tn("FFN_GATE_SHEXP", "weight", i), (n_embd, n_ff_shexp))
-        layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (n_embd, n_ff_shexp))
-        layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (n_ff_shexp, n_embd))
+    load_hybrid_tensors(c, model, load_ffn_tensors)
+
+
+def load_ffn_tensors(c: TensorCreator, layer: Layer, il: int, flags: int) -> None:
+    """The experts of a block: the shared one n_ff_shexp wide, else n_ff (layer 0's, as LLAMA_LOAD_LOCALS)."""
+    load_moe_tensors(c, layer, il, flags, c.hparams.n_ff_shexp or c.hparams.n_ff())
+
+
+def load_moe_tensors(c: TensorCreator, layer: Layer, il: int, flags: int, n_ff_shexp: int) -> None:
+    """Routed experts and the shared expert with its gate."""
+    hp = c.hparams
+    n_embd, n_expert = hp.n_embd, hp.n_expert
+    n_ff_exp = hp.n_ff_exp() or hp.n_ff() // hp.n_expert_used()
+    layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", il), (n_embd, n_expert), flags)
+    layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", il), (n_ff_exp, n_embd, n_expert), flags)
+    c.create_tensor_gate_up_exps(layer, il, n_embd, n_ff_exp, n_expert, flags)
+    layer.ffn_gate_inp_shexp = c.create_tensor(tn("FFN_GATE_INP_SHEXP", "weight", il), (n_embd,), flags)
+    layer.ffn_gate_shexp = c.create_tensor(tn("FFN_GATE_SHEXP", "weight", il), (n_embd, n_ff_shexp), flags)
+    layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", il), (n_embd, n_ff_shexp), flags)
+    layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", il), (n_ff_shexp, n_embd), flags)
 
 
 def build(g: GraphContext) -> None:

@@ -11,10 +11,10 @@ import math
 from .. import ggml
 from ..graph import LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, HParams
-from ..model import Model, TensorCreator, require
-from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
+from ..model import Layer, Model, TensorCreator, require
+from ..model_loader import TENSOR_NOT_REQUIRED, TENSOR_SKIP, ModelLoader, tn
 from .qwen35 import build_gdn_core, build_hybrid, build_qkvz, load_gdn_hparams
-from .qwen35moe import build_layer_ffn
+from .qwen35moe import build_layer_ffn, load_moe_tensors
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
 
@@ -32,42 +32,51 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:
     hp = model.hparams
-    n_embd, n_vocab, n_expert = hp.n_embd, hp.n_vocab, hp.n_expert
-    n_ff_exp = hp.n_ff_exp() or hp.n_ff() // hp.n_expert_used()
+    trunk_flags = TENSOR_NOT_REQUIRED if c.mtp_only() else 0
+    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (hp.n_embd, hp.n_vocab))
+    c.create_output(model, hp.n_embd, hp.n_vocab)
+    for il, layer in enumerate(model.layers):
+        load_block_trunk(c, layer, il, trunk_flags)
+    for il, layer in enumerate(model.layers_nextn, hp.n_layer):
+        load_block_mtp(c, layer, il)
+
+
+def load_block_trunk(c: TensorCreator, layer: Layer, il: int, flags: int) -> None:
+    """load_block_trunk: the norms, gated attention or the gated delta net, the experts."""
+    hp = c.hparams
+    n_embd = hp.n_embd
     key_dim, value_dim = hp.ssm_d_state * hp.ssm_n_group, hp.ssm_d_state * hp.ssm_dt_rank
-    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
-    c.create_output(model, n_embd, n_vocab)
-    for i, layer in enumerate(model.layers):
-        n_ff_shexp = hp.n_ff_shexp or hp.n_ff(i)
-        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
-        layer.attn_post_norm = c.create_tensor(tn("ATTN_POST_NORM", "weight", i), (n_embd,))
-        if not hp.is_recr(i):
-            n_embd_head_k = hp.n_embd_head_k()
-            c.create_tensor_qkv(layer, i, n_embd, n_embd_head_k * hp.n_head(i) * 2, hp.n_embd_k_gqa(), hp.n_embd_v_gqa())
-            layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd_head_k * hp.n_head(i), n_embd))
-            layer.attn_q_norm = c.create_tensor(tn("ATTN_Q_NORM", "weight", i), (n_embd_head_k,))
-            layer.attn_k_norm = c.create_tensor(tn("ATTN_K_NORM", "weight", i), (n_embd_head_k,))
-        else:
-            layer.ssm_in = c.create_tensor(tn("SSM_IN", "weight", i), (n_embd, key_dim * 2 + value_dim * 2),
-                                           TENSOR_NOT_REQUIRED)
-            if layer.ssm_in is not None:
-                c.ml.fail(f"blk.{i}.ssm_in.weight: the legacy fused Q/K/V/Z projection of early Qwen3-Next GGUFs "
-                          "is not planned yet (reconvert for attn_qkv and attn_gate)")
-            layer.wqkv = c.create_tensor(tn("ATTN_QKV", "weight", i), (n_embd, key_dim * 2 + value_dim), TENSOR_NOT_REQUIRED)
-            layer.wqkv_gate = c.create_tensor(tn("ATTN_GATE", "weight", i), (n_embd, value_dim), TENSOR_NOT_REQUIRED)
-            layer.ssm_conv1d = c.create_tensor(tn("SSM_CONV1D", "weight", i), (hp.ssm_d_conv, key_dim * 2 + value_dim))
-            layer.ssm_dt = c.create_tensor(tn("SSM_DT", "bias", i), (hp.ssm_dt_rank,))
-            layer.ssm_a = c.create_tensor(tn("SSM_A_NOSCAN", None, i), (hp.ssm_dt_rank,))
-            layer.ssm_beta_alpha = c.create_tensor(tn("SSM_BETA_ALPHA", "weight", i), (n_embd, hp.ssm_dt_rank * 2))
-            layer.ssm_norm = c.create_tensor(tn("SSM_NORM", "weight", i), (hp.ssm_d_state,))
-            layer.ssm_out = c.create_tensor(tn("SSM_OUT", "weight", i), (value_dim, n_embd))
-        layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert))
-        layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff_exp, n_embd, n_expert))
-        c.create_tensor_gate_up_exps(layer, i, n_embd, n_ff_exp, n_expert)
-        layer.ffn_gate_inp_shexp = c.create_tensor(tn("FFN_GATE_INP_SHEXP", "weight", i), (n_embd,))
-        layer.ffn_gate_shexp = c.create_tensor(tn("FFN_GATE_SHEXP", "weight", i), (n_embd, n_ff_shexp))
-        layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (n_embd, n_ff_shexp))
-        layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (n_ff_shexp, n_embd))
+    layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", il), (n_embd,), flags)
+    layer.attn_post_norm = c.create_tensor(tn("ATTN_POST_NORM", "weight", il), (n_embd,), flags)
+    if not hp.is_recr(il):
+        n_embd_head_k = hp.n_embd_head_k()
+        c.create_tensor_qkv(layer, il, n_embd, n_embd_head_k * hp.n_head(il) * 2, hp.n_embd_k_gqa(), hp.n_embd_v_gqa(),
+                            flags)
+        layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", il), (n_embd_head_k * hp.n_head(il), n_embd), flags)
+        layer.attn_q_norm = c.create_tensor(tn("ATTN_Q_NORM", "weight", il), (n_embd_head_k,), flags)
+        layer.attn_k_norm = c.create_tensor(tn("ATTN_K_NORM", "weight", il), (n_embd_head_k,), flags)
+    else:
+        optional = TENSOR_NOT_REQUIRED | flags
+        layer.ssm_in = c.create_tensor(tn("SSM_IN", "weight", il), (n_embd, key_dim * 2 + value_dim * 2), optional)
+        if layer.ssm_in is not None:
+            c.ml.fail(f"blk.{il}.ssm_in.weight: the legacy fused Q/K/V/Z projection of early Qwen3-Next GGUFs "
+                      "is not planned yet (reconvert for attn_qkv and attn_gate)")
+        layer.wqkv = c.create_tensor(tn("ATTN_QKV", "weight", il), (n_embd, key_dim * 2 + value_dim), optional)
+        layer.wqkv_gate = c.create_tensor(tn("ATTN_GATE", "weight", il), (n_embd, value_dim), optional)
+        layer.ssm_conv1d = c.create_tensor(tn("SSM_CONV1D", "weight", il), (hp.ssm_d_conv, key_dim * 2 + value_dim),
+                                           flags)
+        layer.ssm_dt = c.create_tensor(tn("SSM_DT", "bias", il), (hp.ssm_dt_rank,), flags)
+        layer.ssm_a = c.create_tensor(tn("SSM_A_NOSCAN", None, il), (hp.ssm_dt_rank,), flags)
+        layer.ssm_beta_alpha = c.create_tensor(tn("SSM_BETA_ALPHA", "weight", il), (n_embd, hp.ssm_dt_rank * 2), flags)
+        layer.ssm_norm = c.create_tensor(tn("SSM_NORM", "weight", il), (hp.ssm_d_state,), flags)
+        layer.ssm_out = c.create_tensor(tn("SSM_OUT", "weight", il), (value_dim, n_embd), flags)
+    load_moe_tensors(c, layer, il, flags, hp.n_ff_shexp or hp.n_ff(il))
+
+
+def load_block_mtp(c: TensorCreator, layer: Layer, il: int) -> None:
+    """load_block_mtp: a trunk block and the NextN tensors, counted and skipped (load_mtp is off)."""
+    load_block_trunk(c, layer, il, TENSOR_SKIP)
+    c.create_nextn(il, TENSOR_SKIP)
 
 
 def build(g: GraphContext) -> None:

@@ -34,18 +34,18 @@ def load_ssm_hparams(ml: ModelLoader, hp: HParams) -> None:
             f"{ml.key('%s.ssm.inner_size')} ({hp.ssm_d_inner}) must be a multiple of {ml.key('%s.ssm.group_count')}")
 
 
-def load_mamba2_tensors(c: TensorCreator, layer, i: int, conv_bias_flags: int = 0) -> None:
+def load_mamba2_tensors(c: TensorCreator, layer, i: int, conv_bias_flags: int = 0, flags: int = 0) -> None:
     hp, n_embd = c.hparams, c.hparams.n_embd
     d_inner, n_group, d_state, dt_rank = hp.ssm_d_inner, hp.ssm_n_group, hp.ssm_d_state, hp.ssm_dt_rank
     conv_dim = d_inner + 2 * n_group * d_state
-    layer.ssm_in = c.create_tensor(tn("SSM_IN", "weight", i), (n_embd, d_inner + conv_dim + dt_rank))
-    layer.ssm_conv1d = c.create_tensor(tn("SSM_CONV1D", "weight", i), (hp.ssm_d_conv, conv_dim))
+    layer.ssm_in = c.create_tensor(tn("SSM_IN", "weight", i), (n_embd, d_inner + conv_dim + dt_rank), flags)
+    layer.ssm_conv1d = c.create_tensor(tn("SSM_CONV1D", "weight", i), (hp.ssm_d_conv, conv_dim), flags)
     layer.ssm_conv1d_b = c.create_tensor(tn("SSM_CONV1D", "bias", i), (conv_dim,), conv_bias_flags)
-    layer.ssm_dt_b = c.create_tensor(tn("SSM_DT", "bias", i), (dt_rank,))
-    layer.ssm_a = c.create_tensor(tn("SSM_A", None, i), (1, dt_rank))
-    layer.ssm_d = c.create_tensor(tn("SSM_D", None, i), (1, dt_rank))
-    layer.ssm_norm = c.create_tensor(tn("SSM_NORM", "weight", i), (d_inner // n_group, n_group))
-    layer.ssm_out = c.create_tensor(tn("SSM_OUT", "weight", i), (d_inner, n_embd))
+    layer.ssm_dt_b = c.create_tensor(tn("SSM_DT", "bias", i), (dt_rank,), flags)
+    layer.ssm_a = c.create_tensor(tn("SSM_A", None, i), (1, dt_rank), flags)
+    layer.ssm_d = c.create_tensor(tn("SSM_D", None, i), (1, dt_rank), flags)
+    layer.ssm_norm = c.create_tensor(tn("SSM_NORM", "weight", i), (d_inner // n_group, n_group), flags)
+    layer.ssm_out = c.create_tensor(tn("SSM_OUT", "weight", i), (d_inner, n_embd), flags)
 
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:

@@ -14,7 +14,7 @@ from ..graph import (LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, LLM_FFN_PAR, LLM_FFN
                      kq_scale_for)
 from ..hparams import LLAMA_ROPE_TYPE_NONE, HParams
 from ..model import Layer, Model, TensorCreator, require
-from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
+from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TENSOR_SKIP, ModelLoader, tn
 from .mamba2 import build_mamba2_layer, load_mamba2_tensors, load_ssm_hparams
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NONE
@@ -22,9 +22,11 @@ LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NONE
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     load_ssm_hparams(ml, hp)
-    hp.is_recr_arr = tuple(hp.n_head_kv(il) == 0 and hp.n_ff(il) == 0 for il in range(hp.n_layer))
-    hp.attn_only_arr = tuple(not hp.is_recr(il) and hp.n_ff(il) == 0 for il in range(hp.n_layer))
-    hp.ffn_only_arr = tuple(not hp.is_recr(il) and hp.n_ff(il) != 0 for il in range(hp.n_layer))
+    # the appended MTP blocks are dense (non-recurrent)
+    hp.is_recr_arr = tuple(il < hp.n_layer and hp.n_head_kv(il) == 0 and hp.n_ff(il) == 0
+                           for il in range(hp.n_layer_all))
+    hp.attn_only_arr = tuple(not hp.is_recr(il) and hp.n_ff(il) == 0 for il in range(hp.n_layer_all))
+    hp.ffn_only_arr = tuple(not hp.is_recr(il) and hp.n_ff(il) != 0 for il in range(hp.n_layer_all))
     hp.f_norm_eps = ml.get_f32("%s.attention.layer_norm_epsilon")
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon", hp.f_norm_eps)
     # Puzzle models set a different expert FFN size per layer
@@ -46,26 +48,44 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
     model.output = c.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab), TENSOR_NOT_REQUIRED)
     if model.output is None:
         model.output = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab), TENSOR_DUPLICATED)
+    trunk_flags = TENSOR_NOT_REQUIRED if c.mtp_only() else 0
     for i, layer in enumerate(model.layers):
-        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
+        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,), trunk_flags)
         if hp.is_recr(i):
-            load_mamba2_tensors(c, layer, i, conv_bias_flags=TENSOR_NOT_REQUIRED)
+            load_mamba2_tensors(c, layer, i, conv_bias_flags=TENSOR_NOT_REQUIRED, flags=trunk_flags)
         elif hp.n_ff(i) == 0:
-            n_q = hp.n_embd_head_k() * hp.n_head(i)
-            c.create_tensor_qkv(layer, i, n_embd, n_q, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
-            layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_q, n_embd))
-            layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+            load_attn_tensors(c, layer, i, trunk_flags)
         elif hp.n_expert != 0:
-            load_moe_tensors(c, layer, i)
+            load_moe_tensors(c, layer, i, trunk_flags, hp.n_ff(i))
         else:
             n_ff = hp.n_ff(i)
-            layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
-            layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
+            layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd), trunk_flags)
+            layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff), trunk_flags)
             layer.ffn_down_b = c.create_tensor(tn("FFN_DOWN", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
             layer.ffn_up_b = c.create_tensor(tn("FFN_UP", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
+    # the NextN (MTP) draft head: each block folds an attention sub-layer and an expert sub-layer;
+    # counted and skipped, load_mtp is off
+    for i, layer in enumerate(model.layers_nextn, hp.n_layer):
+        c.create_tensor(tn("NEXTN_ENORM", "weight", i), (n_embd,), TENSOR_SKIP)
+        c.create_tensor(tn("NEXTN_HNORM", "weight", i), (n_embd,), TENSOR_SKIP)
+        c.create_tensor(tn("NEXTN_EH_PROJ", "weight", i), (2 * n_embd, n_embd), TENSOR_SKIP)
+        c.create_tensor(tn("NEXTN_SHARED_HEAD_NORM", "weight", i), (n_embd,), TENSOR_SKIP)
+        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,), TENSOR_SKIP)
+        load_attn_tensors(c, layer, i, TENSOR_SKIP)
+        layer.attn_post_norm = c.create_tensor(tn("ATTN_POST_NORM", "weight", i), (n_embd,), TENSOR_SKIP)
+        load_moe_tensors(c, layer, i, TENSOR_SKIP, hp.n_ff())    # n_ff: layer 0's, as LLAMA_LOAD_LOCALS has it
 
 
-def load_moe_tensors(c: TensorCreator, layer: Layer, i: int) -> None:
+def load_attn_tensors(c: TensorCreator, layer: Layer, i: int, flags: int) -> None:
+    """An attention block without rope: Q, K, V, the output projection and its optional bias."""
+    hp, n_embd = c.hparams, c.hparams.n_embd
+    n_q = hp.n_embd_head_k() * hp.n_head(i)
+    c.create_tensor_qkv(layer, i, n_embd, n_q, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i), flags)
+    layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_q, n_embd), flags)
+    layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED | flags)
+
+
+def load_moe_tensors(c: TensorCreator, layer: Layer, i: int, flags: int, n_ff: int) -> None:
     """An FFN block with experts: router, optional latent projections, squared-ReLU experts
     (up/down, no gate) and the shared expert."""
     hp = c.hparams
@@ -75,16 +95,17 @@ def load_moe_tensors(c: TensorCreator, layer: Layer, i: int) -> None:
     if hp.n_ff_exp(i) == 0 and hp.n_expert_used(i) == 0:
         c.ml.fail(f"layer {i} declares neither expert_feed_forward_length nor expert_used_count, "
                   "cannot determine the expert FFN size")
-    n_ff_exp = hp.n_ff_exp(i) or hp.n_ff(i) // hp.n_expert_used(i)
-    layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert))
-    layer.ffn_exp_probs_b = c.create_tensor(tn("FFN_EXP_PROBS_B", "bias", i), (n_expert,))
+    n_ff_exp = hp.n_ff_exp(i) or n_ff // hp.n_expert_used(i)
+    layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert), flags)
+    layer.ffn_exp_probs_b = c.create_tensor(tn("FFN_EXP_PROBS_B", "bias", i), (n_expert,), flags)
     layer.ffn_latent_down = c.create_tensor(tn("FFN_LATENT_DOWN", "weight", i), (n_embd, moe_n_embd),
-                                            TENSOR_NOT_REQUIRED)
-    layer.ffn_latent_up = c.create_tensor(tn("FFN_LATENT_UP", "weight", i), (moe_n_embd, n_embd), TENSOR_NOT_REQUIRED)
-    layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff_exp, moe_n_embd, n_expert))
-    layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (moe_n_embd, n_ff_exp, n_expert))
-    layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (n_ff_shexp, n_embd))
-    layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (n_embd, n_ff_shexp))
+                                            TENSOR_NOT_REQUIRED | flags)
+    layer.ffn_latent_up = c.create_tensor(tn("FFN_LATENT_UP", "weight", i), (moe_n_embd, n_embd),
+                                          TENSOR_NOT_REQUIRED | flags)
+    layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff_exp, moe_n_embd, n_expert), flags)
+    layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (moe_n_embd, n_ff_exp, n_expert), flags)
+    layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (n_ff_shexp, n_embd), flags)
+    layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (n_embd, n_ff_shexp), flags)
 
 
 def build_ffn_layer(g: GraphContext, cur: Tensor, layer: Layer, il: int) -> Tensor:

@@ -314,3 +314,18 @@ def test_llama4_that_aborts_on_the_first_decode_is_refused_in_one_line(tmp_path,
     config["metadata"][f"llama4.{key}"] = value
     path = write_gguf(config, tmp_path / "l4.gguf", header_only=True)
     assert_cli_error(invoke(path), *needles)
+
+
+@pytest.mark.parametrize("name", ["tiny-glm4moe", "tiny-qwen35-mtp", "tiny-qwen35moe-mtp", "tiny-qwen3next-mtp",
+                                  "tiny-deepseek3-mtp", "tiny-nemotron-h-moe-mtp"])
+def test_a_file_of_the_mtp_blocks_alone_is_refused_in_one_line(tmp_path, name):
+    """convert_hf_to_gguf.py --mtp writes the NextN blocks with the embeddings and the head only:
+    the loaders take it (trunk tensors turn optional) and real llama.cpp then segfaults building
+    the main graph (seen): the plan refuses it in one line instead of tracing back on a missing weight."""
+    from fixtures.make_gguf import _write_header, load_config, tensor_specs
+    config = load_config(name)
+    mtp_block = f"blk.{config['metadata'][config['metadata']['general.architecture'] + '.block_count'] - 1}."
+    path = tmp_path / "mtp.gguf"
+    _write_header(config, path, [s for s in tensor_specs(config) if s[0].startswith(mtp_block)
+                                 or not s[0].startswith("blk.")])
+    assert_cli_error(invoke(path), "only the multi-token-prediction blocks", "draft model")

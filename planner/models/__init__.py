@@ -17,6 +17,7 @@ ARCHS = {
     "glm4moe": "glm4moe",
     "gpt-oss": "openai_moe",
     "granitehybrid": "granitehybrid",
+    "granitemoe": "granitemoe",
     "lfm2": "lfm2",
     "lfm2moe": "lfm2moe",
     "llama": "llama",

@@ -10,7 +10,7 @@ from .. import ggml
 from ..graph import (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext,
                      kq_scale_for)
 from ..hparams import LLAMA_ROPE_TYPE_NORM, HParams
-from ..model import Model, TensorCreator, require
+from ..model import Layer, Model, TensorCreator, require
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
 from .mamba2 import build_mamba2_layer, load_mamba2_tensors, load_ssm_hparams
 
@@ -60,10 +60,7 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
                                                   TENSOR_NOT_REQUIRED)
             layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff, n_embd, n_expert))
             layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (n_embd, n_ff, n_expert))
-            if hp.n_ff_shexp > 0:
-                layer.ffn_gate_shexp = c.create_tensor(tn("FFN_GATE_SHEXP", "weight", i), (n_embd, hp.n_ff_shexp))
-                layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (n_embd, hp.n_ff_shexp))
-                layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (hp.n_ff_shexp, n_embd))
+            load_shexp_tensors(c, layer, i, hp)
         else:
             layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
             layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
@@ -71,6 +68,14 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
             layer.ffn_gate_b = c.create_tensor(tn("FFN_GATE", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
             layer.ffn_down_b = c.create_tensor(tn("FFN_DOWN", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
             layer.ffn_up_b = c.create_tensor(tn("FFN_UP", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
+
+
+def load_shexp_tensors(c: TensorCreator, layer: Layer, i: int, hp: HParams) -> None:
+    """Granite MoE Shared: a shared expert of expert_shared_feed_forward_length, if set."""
+    if hp.n_ff_shexp > 0:
+        layer.ffn_gate_shexp = c.create_tensor(tn("FFN_GATE_SHEXP", "weight", i), (hp.n_embd, hp.n_ff_shexp))
+        layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (hp.n_embd, hp.n_ff_shexp))
+        layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (hp.n_ff_shexp, hp.n_embd))
 
 
 def build(g: GraphContext) -> None:
@@ -95,15 +100,7 @@ def build(g: GraphContext) -> None:
             inp_sa = ggml.get_rows(inp_sa, inp_out_ids)
         inp_l = build_layer_ffn(g, cur, inp_sa, il)
 
-    cur = g.build_norm(inp_l, model.output_norm, None, LLM_NORM_RMS, -1)
-    g.cb(cur, "result_norm", -1)
-    g.t_embd = cur
-    cur = g.build_lora_mm(model.output, cur)
-    if hp.f_logit_scale:
-        cur = ggml.scale(cur, 1.0 / hp.f_logit_scale)
-    g.cb(cur, "result_output", -1)
-    g.t_logits = cur
-    ggml.build_forward_expand(g.gf, cur)
+    g.build_output(inp_l, logit_scale=hp.f_logit_scale or None)
 
 
 def build_attention_layer(g: GraphContext, cur, inp_pos, inp_attn, n_embd_head: int, il: int):

@@ -22,31 +22,38 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:
     hp = model.hparams
-    n_embd, n_vocab, n_rot = hp.n_embd, hp.n_vocab, hp.n_rot()
+    n_embd, n_vocab = hp.n_embd, hp.n_vocab
     model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
     c.create_output(model, n_embd, n_vocab)
     for i, layer in enumerate(model.layers):
-        n_ff, n_q = hp.n_ff(i), hp.n_embd_head_k(i) * hp.n_head(i)
-        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
-        c.create_tensor_qkv(layer, i, n_embd, n_q, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
-        layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_q, n_embd))
-        layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
-        layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,))
-        create_rope_factors(c, layer, i, hp, n_rot)
-        if hp.n_expert == 0:
-            layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
-            layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
-            layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
-            layer.ffn_gate_b = c.create_tensor(tn("FFN_GATE", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
-            layer.ffn_down_b = c.create_tensor(tn("FFN_DOWN", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
-            layer.ffn_up_b = c.create_tensor(tn("FFN_UP", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
-        else:   # Mixtral
-            n_expert = hp.n_expert
-            layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert))
-            layer.ffn_gate_exps = c.create_tensor(tn("FFN_GATE_EXPS", "weight", i), (n_embd, n_ff, n_expert),
-                                                  TENSOR_NOT_REQUIRED)
-            layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff, n_embd, n_expert))
-            layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (n_embd, n_ff, n_expert))
+        load_layer_tensors(c, layer, i, hp)
+
+
+def load_layer_tensors(c: TensorCreator, layer: Layer, i: int, hp: HParams) -> None:
+    """One llama block (granite's too): attention with optional output bias, rope factors, a dense
+    FFN with optional biases or routed experts."""
+    n_embd, n_rot = hp.n_embd, hp.n_rot()
+    n_ff, n_q = hp.n_ff(i), hp.n_embd_head_k(i) * hp.n_head(i)
+    layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
+    c.create_tensor_qkv(layer, i, n_embd, n_q, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
+    layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_q, n_embd))
+    layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+    layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,))
+    create_rope_factors(c, layer, i, hp, n_rot)
+    if hp.n_expert == 0:
+        layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
+        layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
+        layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
+        layer.ffn_gate_b = c.create_tensor(tn("FFN_GATE", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
+        layer.ffn_down_b = c.create_tensor(tn("FFN_DOWN", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+        layer.ffn_up_b = c.create_tensor(tn("FFN_UP", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
+    else:   # Mixtral, Granite MoE
+        n_expert = hp.n_expert
+        layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert))
+        layer.ffn_gate_exps = c.create_tensor(tn("FFN_GATE_EXPS", "weight", i), (n_embd, n_ff, n_expert),
+                                              TENSOR_NOT_REQUIRED)
+        layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff, n_embd, n_expert))
+        layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (n_embd, n_ff, n_expert))
 
 
 def create_rope_factors(c: TensorCreator, layer: Layer, i: int, hp: HParams, n_rot: int) -> None:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 # general.architecture -> module of this package (LLM_ARCH_NAMES)
 ARCHS = {
     "deepseek2": "deepseek2",
+    "ernie4_5-moe": "ernie4_5_moe",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
     "glm4moe": "glm4moe",

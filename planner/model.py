@@ -205,6 +205,16 @@ def require_head_sizes_equal(ml: ModelLoader, hp: HParams) -> None:
             f"and rope dimensions ({hp.n_rot()})")
 
 
+# llama_expert_gating_func_type values build_moe_ffn knows: softmax, sigmoid, softmax_weight,
+# sqrt_softplus; anything else (NONE where the key is absent) is its GGML_ABORT
+GATING_FUNCS = (1, 2, 3, 4)
+
+
+def require_gating_func(ml: ModelLoader, hp: HParams) -> None:
+    require(ml, hp.expert_gating_func in GATING_FUNCS,
+            f"{ml.key('%s.expert_gating_func')} is {hp.expert_gating_func}, not a gating function (1-4)")
+
+
 def load_swa_pattern(ml: ModelLoader, hp: HParams, n_pattern: int, dense_first: bool = False) -> None:
     """llama_model_base::load_swa_pattern: attention.sliding_window_pattern as one flag per layer,
     or as a period (default n_pattern) expanded by set_swa_pattern."""

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 # general.architecture -> module of this package (LLM_ARCH_NAMES)
 ARCHS = {
+    "bailingmoe2": "bailingmoe2",
     "deepseek2": "deepseek2",
     "ernie4_5-moe": "ernie4_5_moe",
     "gemma2": "gemma2",

@@ -11,11 +11,10 @@ import math
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NORM, HParams
-from ..model import Model, TensorCreator, require
+from ..model import Model, TensorCreator, require, require_gating_func
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TENSOR_SKIP, ModelLoader, tn
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM
-GATING_FUNCS = (1, 2, 3, 4)   # softmax, sigmoid, softmax_weight, sqrt_softplus
 
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
@@ -36,8 +35,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.expert_gating_func = ml.get_u32("%s.expert_gating_func", 0)
     if hp.expert_gating_func == 0:   # DeepSeek V2/V2.5 GGUFs predate the key
         hp.expert_gating_func = 2 if hp.n_layer in (47, 48) and n_vocab == 154880 else 1   # GLM 4.7 Lite: sigmoid
-    require(ml, hp.expert_gating_func in GATING_FUNCS,
-            f"{ml.key('%s.expert_gating_func')} is {hp.expert_gating_func}, not a gating function (1-4)")
+    require_gating_func(ml, hp)
     hp.f_attn_temp_scale = ml.get_f32("%s.attention.temperature_scale", 0.0)
     if not hp.is_mla():
         ml.fail("DeepSeek2 GGUFs without the MLA split (attn_kv_b instead of attn_k_b/attn_v_b) are not planned yet")

@@ -12,7 +12,7 @@ import math
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, HParams
-from ..model import Model, TensorCreator, require, require_gating_func
+from ..model import Layer, Model, TensorCreator, require, require_gating_func
 from ..model_loader import TENSOR_NOT_REQUIRED, TENSOR_SKIP, ModelLoader, tn
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
@@ -52,27 +52,45 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
         layer.attn_k_norm = c.create_tensor(tn("ATTN_K_NORM", "weight", i), (n_embd_head_k,), flags)
         layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,), flags)
         if i >= hp.n_layer_dense_lead:
-            n_ff_shexp = (hp.n_ff_shexp or n_ff_exp) * hp.n_expert_shared
-            layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert), flags)
-            layer.ffn_exp_probs_b = c.create_tensor(tn("FFN_EXP_PROBS_B", "bias", i), (n_expert,),
-                                                    TENSOR_NOT_REQUIRED | flags)
-            layer.ffn_gate_exps = c.create_tensor(tn("FFN_GATE_EXPS", "weight", i), (n_embd, n_ff_exp, n_expert), flags)
-            layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff_exp, n_embd, n_expert), flags)
-            layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (n_embd, n_ff_exp, n_expert), flags)
-            layer.ffn_gate_shexp = c.create_tensor(tn("FFN_GATE_SHEXP", "weight", i), (n_embd, n_ff_shexp), flags)
-            layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (n_ff_shexp, n_embd), flags)
-            layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (n_embd, n_ff_shexp), flags)
+            create_moe_shexp_tensors(c, layer, i, n_ff_exp, (hp.n_ff_shexp or n_ff_exp) * hp.n_expert_shared, flags)
         else:
-            layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, hp.n_ff(i)), flags)
-            layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (hp.n_ff(i), n_embd), flags)
-            layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, hp.n_ff(i)), flags)
+            create_dense_ffn_tensors(c, layer, i, flags)
         if i >= n_layer:
             c.create_nextn(i, flags)
             c.create_tensor(tn("LAYER_OUT_NORM", "weight", i), (n_embd,), flags)
 
 
+def create_moe_shexp_tensors(c: TensorCreator, layer: Layer, i: int, n_ff_exp: int, n_ff_shexp: int,
+                             flags: int = 0) -> None:
+    """An expert layer of bailingmoe2 and dots1: router, optional selection bias, gate/down/up
+    experts, then the shared expert's gate/down/up."""
+    n_embd, n_expert = c.hparams.n_embd, c.hparams.n_expert
+    layer.ffn_gate_inp = c.create_tensor(tn("FFN_GATE_INP", "weight", i), (n_embd, n_expert), flags)
+    layer.ffn_exp_probs_b = c.create_tensor(tn("FFN_EXP_PROBS_B", "bias", i), (n_expert,), TENSOR_NOT_REQUIRED | flags)
+    layer.ffn_gate_exps = c.create_tensor(tn("FFN_GATE_EXPS", "weight", i), (n_embd, n_ff_exp, n_expert), flags)
+    layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff_exp, n_embd, n_expert), flags)
+    layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (n_embd, n_ff_exp, n_expert), flags)
+    layer.ffn_gate_shexp = c.create_tensor(tn("FFN_GATE_SHEXP", "weight", i), (n_embd, n_ff_shexp), flags)
+    layer.ffn_down_shexp = c.create_tensor(tn("FFN_DOWN_SHEXP", "weight", i), (n_ff_shexp, n_embd), flags)
+    layer.ffn_up_shexp = c.create_tensor(tn("FFN_UP_SHEXP", "weight", i), (n_embd, n_ff_shexp), flags)
+
+
+def create_dense_ffn_tensors(c: TensorCreator, layer: Layer, i: int, flags: int = 0) -> None:
+    n_embd, n_ff = c.hparams.n_embd, c.hparams.n_ff(i)
+    layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff), flags)
+    layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd), flags)
+    layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff), flags)
+
+
 def build(g: GraphContext) -> None:
     """llama_model_bailingmoe2::graph"""
+    build_qk_norm_moe_shexp(g, "sa_out")
+
+
+def build_qk_norm_moe_shexp(g: GraphContext, ffn_inp_name: str) -> None:
+    """The graph bailingmoe2 and dots1 share (they differ in the residual's name only: sa_out,
+    ffn_inp): Q and K RMS-normed per head then roped, dense leading layers, then experts beside
+    the shared expert."""
     model, hp = g.model, g.hparams
     n_embd_head = hp.n_embd_head_v()
     inp_l = g.build_inp_embd(model.tok_embd)
@@ -101,7 +119,7 @@ def build(g: GraphContext) -> None:
             cur = ggml.get_rows(cur, inp_out_ids)
             inp_sa = ggml.get_rows(inp_sa, inp_out_ids)
         sa_out = ggml.add(cur, inp_sa)
-        g.cb(sa_out, "sa_out", il)
+        g.cb(sa_out, ffn_inp_name, il)
 
         cur = g.build_norm(sa_out, layer.ffn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "ffn_norm", il)

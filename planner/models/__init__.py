@@ -23,6 +23,7 @@ ARCHS = {
     "granitemoe": "granitemoe",
     "lfm2": "lfm2",
     "lfm2moe": "lfm2moe",
+    "hunyuan-moe": "hunyuan_moe",
     "llama": "llama",
     "llama4": "llama4",
     "mamba2": "mamba2",

@@ -42,7 +42,6 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
 def build(g: GraphContext) -> None:
     """llama_model_qwen3::graph"""
     model, hp = g.model, g.hparams
-    n_embd_head = hp.n_embd_head_v()
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_pos = g.build_inp_pos()
     inp_attn = g.build_attn_inp_kv()
@@ -53,17 +52,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)
 
-        q, k, v = g.build_qkv(layer, cur, n_embd_head, hp.n_head(il), hp.n_head_kv(il), il)
-        q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
-        g.cb(q, "Qcur_normed", il)
-        q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
-        k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
-        g.cb(k, "Kcur_normed", il)
-        k = ggml.rope_ext(k, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
-        g.cb(q, "Qcur", il)
-        g.cb(k, "Kcur", il)
-        g.cb(v, "Vcur", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, 1.0 / math.sqrt(n_embd_head), il)
+        cur = build_attn_qk_norm(g, layer, cur, inp_pos, inp_attn, il)
 
         if il == hp.n_layer - 1:
             cur = ggml.get_rows(cur, inp_out_ids)
@@ -81,3 +70,21 @@ def build(g: GraphContext) -> None:
         inp_l = cur
 
     g.build_output(inp_l)
+
+
+def build_attn_qk_norm(g: GraphContext, layer, cur, inp_pos, inp_attn, il: int):
+    """The attention qwen3, qwen3moe, bailingmoe2 and dots1 share: Q, K, V (separate or fused),
+    Q and K RMS-normed per head, each then roped, attention at 1/sqrt(head size)."""
+    hp = g.hparams
+    n_embd_head = hp.n_embd_head_v()
+    q, k, v = g.build_qkv(layer, cur, n_embd_head, hp.n_head(il), hp.n_head_kv(il), il)
+    q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
+    g.cb(q, "Qcur_normed", il)
+    q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+    k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
+    g.cb(k, "Kcur_normed", il)
+    k = ggml.rope_ext(k, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+    g.cb(q, "Qcur", il)
+    g.cb(k, "Kcur", il)
+    g.cb(v, "Vcur", il)
+    return g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, 1.0 / math.sqrt(n_embd_head), il)

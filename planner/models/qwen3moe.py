@@ -5,13 +5,12 @@ experts, normalised weights, no shared expert.
 """
 from __future__ import annotations
 
-import math
-
 from .. import ggml
 from ..graph import LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, HParams
 from ..model import Model, TensorCreator, require, require_head_sizes_equal
 from ..model_loader import ModelLoader, tn
+from .qwen3 import build_attn_qk_norm
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
 
@@ -47,7 +46,6 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
 def build(g: GraphContext) -> None:
     """llama_model_qwen3moe::graph"""
     model, hp = g.model, g.hparams
-    n_embd_head = hp.n_embd_head_v()
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_pos = g.build_inp_pos()
     inp_attn = g.build_attn_inp_kv()
@@ -58,17 +56,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)
 
-        q, k, v = g.build_qkv(layer, cur, n_embd_head, hp.n_head(il), hp.n_head_kv(il), il)
-        q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
-        g.cb(q, "Qcur_normed", il)
-        q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
-        k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
-        g.cb(k, "Kcur_normed", il)
-        k = ggml.rope_ext(k, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
-        g.cb(q, "Qcur", il)
-        g.cb(k, "Kcur", il)
-        g.cb(v, "Vcur", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, 1.0 / math.sqrt(n_embd_head), il)
+        cur = build_attn_qk_norm(g, layer, cur, inp_pos, inp_attn, il)
 
         if il == hp.n_layer - 1:
             cur = ggml.get_rows(cur, inp_out_ids)

@@ -78,7 +78,8 @@ def random_flags(rng: random.Random, n_layer: int, endpoints: list[str]) -> list
 ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "tiny-gemma2", "tiny-gemma3", "tiny-phi3",
                "tiny-smollm3", "tiny-mistral3", "tiny-mixtral", "tiny-gpt-oss", "tiny-deepseek3", "tiny-qwen35",
                "tiny-qwen35moe", "tiny-qwen3next", "tiny-lfm2", "tiny-mamba2", "tiny-granitehybrid", "tiny-nemotron-h",
-               "tiny-glm4moe", "tiny-llama4", "tiny-granitemoe", "tiny-ernie4_5-moe"]
+               "tiny-glm4moe", "tiny-llama4", "tiny-granitemoe", "tiny-ernie4_5-moe",
+               "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h"}
 
 
@@ -88,16 +89,17 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
     arch = md["general.architecture"]
     p = arch + "."
     if arch not in FIXED_LAYOUT:
-        # glm4moe's last block is its multi-token-prediction block: at least one more runs
-        md[p + "block_count"] = rng.choice([2, 3, 5, 7] if arch == "glm4moe" else [1, 2, 3, 5, 7])
+        # glm4moe's and bailingmoe2's last block is their multi-token-prediction block: at least one more runs
+        md[p + "block_count"] = rng.choice([2, 3, 5, 7] if arch in ("glm4moe", "bailingmoe2") else [1, 2, 3, 5, 7])
     if p + "attention.sliding_window" in md:
         md[p + "attention.sliding_window"] = rng.choice([32, 64, 128, 512, 1000])
     if arch == "gemma3":
         md[p + "attention.key_length"] = md[p + "attention.value_length"] = rng.choice([64, 128, 256])
-    if arch in ("qwen3moe", "qwen2moe", "gpt-oss", "glm4moe", "llama4", "granitemoe", "ernie4_5-moe"):
+    if arch in ("qwen3moe", "qwen2moe", "gpt-oss", "glm4moe", "llama4", "granitemoe", "ernie4_5-moe",
+                "dots1", "hunyuan-moe"):
         md[p + "expert_count"] = rng.choice([4, 8, 16])
         md[p + "expert_used_count"] = rng.choice([1, 2, 4])
-    if arch == "glm4moe":
+    if arch in ("glm4moe", "bailingmoe2", "dots1"):
         md[p + "leading_dense_block_count"] = rng.choice([0, 1])
     if arch == "ernie4_5-moe":
         md[p + "leading_dense_block_count"] = rng.choice([0, 1])

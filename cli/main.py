@@ -1,16 +1,27 @@
 """schedplan command line."""
+from importlib import import_module
+
 import click
 
-from .check import baseline, check
-from .compare import compare
-from .fit import fit
-from .plot import plot
-from .reserve import reserve
-from .run import run
-from .verify import verify
+from . import errors  # noqa: F401  (installs one-line usage errors for every command, the group's too)
+
+# command -> the module of this package that defines it: imported only when that command runs
+# (or for the list in --help), so `schedplan reserve` does not pay for check's, plot's or run's imports
+COMMANDS = {"fit": "fit", "reserve": "reserve", "run": "run", "verify": "verify", "baseline": "check",
+            "check": "check", "compare": "compare", "plot": "plot"}
 
 
-@click.group()
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        return getattr(import_module(f".{COMMANDS[name]}", __package__), name)
+
+
+@click.group(cls=LazyGroup)
 @click.version_option(package_name="schedplan")
 def cli() -> None:
     """Exact plans of the memory llama.cpp reserves for a GGUF model.
@@ -25,13 +36,3 @@ def cli() -> None:
       schedplan verify model.gguf -c 8192           the plan against a real llama.cpp run
       schedplan baseline model.gguf -o base.json    then in CI: schedplan check ... --baseline base.json
     """
-
-
-cli.add_command(fit)
-cli.add_command(reserve)
-cli.add_command(run)
-cli.add_command(verify)
-cli.add_command(baseline)
-cli.add_command(check)
-cli.add_command(compare)
-cli.add_command(plot)

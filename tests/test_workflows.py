@@ -494,3 +494,13 @@ def test_plot_without_matplotlib(tmp_path, monkeypatch):
     assert_clean_error(r)
     assert "pip install 'schedplan[plot]'" in r.stderr
     assert not (tmp_path / "t.png").exists()
+
+
+def test_readme_lists_every_supported_architecture():
+    """The README's table of architectures names exactly the ones the planner accepts."""
+    import re
+
+    from schedplan.planner.models import SUPPORTED_ARCHS
+
+    rows = re.findall(r"^\| `([^`]+)` \|", (ROOT / "README.md").read_text(), re.M)
+    assert sorted(rows) == sorted(SUPPORTED_ARCHS)

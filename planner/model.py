@@ -74,6 +74,7 @@ class Layer:
     attn_q_a_norm: Optional[Tensor] = None
     attn_kv_a_norm: Optional[Tensor] = None
     wkv_a_mqa: Optional[Tensor] = None
+    wkv_b: Optional[Tensor] = None             # legacy DeepSeek2 GGUFs: K and V decompression unsplit
     wk_b: Optional[Tensor] = None
     wv_b: Optional[Tensor] = None
     wqkv_gate: Optional[Tensor] = None         # recurrent layers: gated delta net, Mamba-2, short conv

@@ -37,8 +37,6 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
         hp.expert_gating_func = 2 if hp.n_layer in (47, 48) and n_vocab == 154880 else 1   # GLM 4.7 Lite: sigmoid
     require_gating_func(ml, hp)
     hp.f_attn_temp_scale = ml.get_f32("%s.attention.temperature_scale", 0.0)
-    if not hp.is_mla():
-        ml.fail("DeepSeek2 GGUFs without the MLA split (attn_kv_b instead of attn_k_b/attn_v_b) are not planned yet")
     require(ml, hp.n_embd_head_k_mla() > hp.n_rot(),
             f"key_length_mla {hp.n_embd_head_k_mla()} must exceed the rope dimensions {hp.n_rot()}")
 
@@ -73,8 +71,12 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
             layer.wq = c.create_tensor(tn("ATTN_Q", "weight", i), (n_embd, n_head * n_embd_head_k_mla), flags)
         layer.wkv_a_mqa = c.create_tensor(tn("ATTN_KV_A_MQA", "weight", i), (n_embd, kv_lora_rank + n_embd_head_qk_rope),
                                           flags)
-        layer.wk_b = c.create_tensor(tn("ATTN_K_B", "weight", i), (n_embd_head_qk_nope, kv_lora_rank, n_head), flags)
-        layer.wv_b = c.create_tensor(tn("ATTN_V_B", "weight", i), (kv_lora_rank, n_embd_head_v_mla, n_head), flags)
+        if hp.is_mla():
+            layer.wk_b = c.create_tensor(tn("ATTN_K_B", "weight", i), (n_embd_head_qk_nope, kv_lora_rank, n_head), flags)
+            layer.wv_b = c.create_tensor(tn("ATTN_V_B", "weight", i), (kv_lora_rank, n_embd_head_v_mla, n_head), flags)
+        else:   # only old GGUFs have the unsplit wkv_b
+            layer.wkv_b = c.create_tensor(tn("ATTN_KV_B", "weight", i),
+                                          (kv_lora_rank, n_head * (n_embd_head_qk_nope + n_embd_head_v_mla)), flags)
         layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_head * n_embd_head_v_mla, n_embd), flags)
         layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,), flags)
         if i < hp.n_layer_dense_lead:
@@ -98,11 +100,13 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
 
 
 def build(g: GraphContext) -> None:
-    """llama_model_deepseek2::graph, MLA path. kq_scale carries YaRN's mscale in llama.cpp; it is an
-    op parameter only and leaves memory as it is."""
+    """llama_model_deepseek2::graph: MLA with the absorption over a K-only cache, or, for legacy
+    GGUFs without the attn_k_b/attn_v_b split, MHA over K and V decompressed by attn_kv_b. kq_scale
+    carries YaRN's mscale in llama.cpp; it is an op parameter only and leaves memory as it is."""
     model, hp = g.model, g.hparams
     n_tokens = g.ubatch.n_tokens
-    n_embd_head_k = hp.n_embd_head_k_mla()
+    n_embd_head_k = hp.n_embd_head_k_mla()    # the head sizes as MHA (after decompression for MLA)
+    n_embd_head_v = hp.n_embd_head_v_mla()
     n_embd_head_qk_rope = hp.n_rot()
     n_embd_head_qk_nope = n_embd_head_k - n_embd_head_qk_rope
     kv_lora_rank = hp.n_lora_kv
@@ -110,7 +114,7 @@ def build(g: GraphContext) -> None:
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_attn_scale = g.build_inp_attn_scale() if hp.f_attn_temp_scale != 0.0 else None
     inp_pos = g.build_inp_pos()
-    inp_attn = g.build_attn_inp_k()
+    inp_attn = g.build_attn_inp_k() if hp.is_mla() else g.build_attn_inp_kv()
     inp_out_ids = g.build_inp_out_ids()
 
     for il, layer in enumerate(model.layers):
@@ -144,31 +148,52 @@ def build(g: GraphContext) -> None:
         kv_cmpr = g.build_norm(kv_cmpr, layer.attn_kv_a_norm, None, LLM_NORM_RMS, il)
         g.cb(kv_cmpr, "kv_cmpr", il)
 
-        q_nope = ggml.view(q, (n_embd_head_qk_nope, n_head, n_tokens), (q.nb[1], q.nb[2]), 0)
-        g.cb(q_nope, "q_nope", il)
-        q_pe = ggml.view(q, (n_embd_head_qk_rope, n_head, n_tokens), (q.nb[1], q.nb[2]),
-                         ggml.row_size(q.type, n_embd_head_qk_nope))
-        g.cb(q_pe, "q_pe", il)
-        q_pe = ggml.rope_ext(q_pe, inp_pos, None, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn)
-        g.cb(q_pe, "q_pe", il)
-        q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
-        g.cb(q_nope, "q_nope_perm", il)
-        q_nope_absorbed = ggml.mul_mat(layer.wk_b, q_nope)
-        g.cb(q_nope_absorbed, "q_nope_absorbed", il)
-        q_nope_absorbed = ggml.permute(q_nope_absorbed, 0, 2, 1, 3)
-        g.cb(q_nope_absorbed, "q_nope_absorbed_perm", il)
-        q_cur = ggml.concat(q_nope_absorbed, q_pe, 0)   # rope last: build_rope_shift works in place
-        g.cb(q_cur, "Qcur", il)
-        kv_cmpr = ggml.reshape(kv_cmpr, kv_lora_rank, 1, n_tokens)
-        g.cb(kv_cmpr, "kv_cmpr_reshape", il)
-        k_cur = ggml.concat(kv_cmpr, k_pe, 0)
-        g.cb(k_cur, "Kcur", il)
-        v_cur = kv_cmpr
-        g.cb(v_cur, "Vcur", il)
-        if inp_attn_scale is not None:
-            q_cur = ggml.mul(q_cur, inp_attn_scale)
-            g.cb(q_cur, "Qcur_attn_temp_scaled", il)
-        cur = g.build_attn(inp_attn, layer.wo, None, q_cur, k_cur, v_cur, kq_scale, il, v_mla=layer.wv_b)
+        if hp.is_mla():
+            q_nope = ggml.view(q, (n_embd_head_qk_nope, n_head, n_tokens), (q.nb[1], q.nb[2]), 0)
+            g.cb(q_nope, "q_nope", il)
+            q_pe = ggml.view(q, (n_embd_head_qk_rope, n_head, n_tokens), (q.nb[1], q.nb[2]),
+                             ggml.row_size(q.type, n_embd_head_qk_nope))
+            g.cb(q_pe, "q_pe", il)
+            q_pe = ggml.rope_ext(q_pe, inp_pos, None, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn)
+            g.cb(q_pe, "q_pe", il)
+            q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
+            g.cb(q_nope, "q_nope_perm", il)
+            q_nope_absorbed = ggml.mul_mat(layer.wk_b, q_nope)
+            g.cb(q_nope_absorbed, "q_nope_absorbed", il)
+            q_nope_absorbed = ggml.permute(q_nope_absorbed, 0, 2, 1, 3)
+            g.cb(q_nope_absorbed, "q_nope_absorbed_perm", il)
+            q_cur = ggml.concat(q_nope_absorbed, q_pe, 0)   # rope last: build_rope_shift works in place
+            g.cb(q_cur, "Qcur", il)
+            kv_cmpr = ggml.reshape(kv_cmpr, kv_lora_rank, 1, n_tokens)
+            g.cb(kv_cmpr, "kv_cmpr_reshape", il)
+            k_cur = ggml.concat(kv_cmpr, k_pe, 0)
+            g.cb(k_cur, "Kcur", il)
+            v_cur = kv_cmpr
+            g.cb(v_cur, "Vcur", il)
+            if inp_attn_scale is not None:
+                q_cur = ggml.mul(q_cur, inp_attn_scale)
+                g.cb(q_cur, "Qcur_attn_temp_scaled", il)
+            cur = g.build_attn(inp_attn, layer.wo, None, q_cur, k_cur, v_cur, kq_scale, il, v_mla=layer.wv_b)
+        else:   # MLA without the absorption: MHA over K and V decompressed by wkv_b
+            kv = ggml.mul_mat(layer.wkv_b, kv_cmpr)
+            g.cb(kv, "kv", il)
+            row_kv = ggml.row_size(kv.type, n_embd_head_qk_nope + n_embd_head_v)
+            k_nope = ggml.view(kv, (n_embd_head_qk_nope, n_head, n_tokens), (row_kv, row_kv * n_head), 0)
+            g.cb(k_nope, "k_nope_view", il)
+            v_cur = ggml.view(kv, (n_embd_head_v, n_head, n_tokens), (row_kv, row_kv * n_head),
+                              ggml.row_size(kv.type, n_embd_head_qk_nope))
+            g.cb(v_cur, "Vcur_view", il)
+            v_cur = ggml.cont(v_cur)
+            g.cb(v_cur, "Vcur_cont", il)
+            # rope on the trailing dims only (ggml_rope_set_offset: an op parameter)
+            q_cur = ggml.rope_ext(q, inp_pos, None, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn)
+            g.cb(q_cur, "Qcur", il)
+            k_cur = ggml.concat(k_nope, ggml.repeat_4d(k_pe, n_embd_head_qk_rope, n_head, n_tokens, 1), 0)
+            g.cb(k_cur, "Kcur", il)
+            if inp_attn_scale is not None:
+                q_cur = ggml.mul(q_cur, inp_attn_scale)
+                g.cb(q_cur, "Qcur_attn_temp_scaled", il)
+            cur = g.build_attn(inp_attn, layer.wo, None, q_cur, k_cur, v_cur, kq_scale, il)
 
         if il == hp.n_layer - 1:
             cur = ggml.get_rows(cur, inp_out_ids)

@@ -47,7 +47,6 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
 def build(g: GraphContext) -> None:
     """llama_model_olmoe::graph"""
     model, hp = g.model, g.hparams
-    n_embd_head, n_tokens = hp.n_embd_head_v(), g.ubatch.n_tokens
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_pos = g.build_inp_pos()
     inp_attn = g.build_attn_inp_kv()
@@ -58,25 +57,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)
 
-        n_head, n_head_kv = hp.n_head(il), hp.n_head_kv(il)
-        q, k, v = g.build_qkv_flat(layer, cur, n_embd_head * n_head, n_embd_head * n_head_kv,
-                                   n_embd_head * n_head_kv, il)
-        g.cb(q, "Qcur", il)
-        g.cb(k, "Kcur", il)
-        g.cb(v, "Vcur", il)
-        q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
-        g.cb(q, "Qcur_normed", il)
-        k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
-        g.cb(k, "Kcur_normed", il)
-        q = ggml.reshape(q, n_embd_head, n_head, n_tokens)
-        k = ggml.reshape(k, n_embd_head, n_head_kv, n_tokens)
-        v = ggml.reshape(v, n_embd_head, n_head_kv, n_tokens)
-        q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
-        k = ggml.rope_ext(k, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
-        g.cb(q, "Qcur", il)
-        g.cb(k, "Kcur", il)
-        g.cb(v, "Vcur", il)
-        cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0 / math.sqrt(n_embd_head), il)
+        cur = build_attn_qk_norm_flat(g, layer, cur, inp_pos, inp_attn, il)
 
         if il == hp.n_layer - 1:
             cur = ggml.get_rows(cur, inp_out_ids)
@@ -95,3 +76,29 @@ def build(g: GraphContext) -> None:
         inp_l = cur
 
     g.build_output(inp_l)
+
+
+def build_attn_qk_norm_flat(g: GraphContext, layer, cur, inp_pos, inp_attn, il: int):
+    """The attention olmoe and minimax-m2 share: 2-D Q, K, V (build_qkv, reshape false), RMS-normed
+    over all heads, then reshaped and roped, attention at 1/sqrt(head size)."""
+    hp = g.hparams
+    n_embd_head, n_tokens = hp.n_embd_head_v(), g.ubatch.n_tokens
+    n_head, n_head_kv = hp.n_head(il), hp.n_head_kv(il)
+    q, k, v = g.build_qkv_flat(layer, cur, n_embd_head * n_head, n_embd_head * n_head_kv,
+                               n_embd_head * n_head_kv, il)
+    g.cb(q, "Qcur", il)
+    g.cb(k, "Kcur", il)
+    g.cb(v, "Vcur", il)
+    q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
+    g.cb(q, "Qcur_normed", il)
+    k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
+    g.cb(k, "Kcur_normed", il)
+    q = ggml.reshape(q, n_embd_head, n_head, n_tokens)
+    k = ggml.reshape(k, n_embd_head, n_head_kv, n_tokens)
+    v = ggml.reshape(v, n_embd_head, n_head_kv, n_tokens)
+    q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+    k = ggml.rope_ext(k, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+    g.cb(q, "Qcur", il)
+    g.cb(k, "Kcur", il)
+    g.cb(v, "Vcur", il)
+    return g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0 / math.sqrt(n_embd_head), il)

@@ -3,37 +3,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 
 import click
 from tabulate import tabulate
 
 from .errors import die, fail_cleanly
-from .options import Int32, model_options, plan_options
+from .options import Int32, fit_target_option, model_options, plan_options
 from ..planner.params import Params
 
 MiB = 1024 * 1024
 STATUS = {0: "success", 1: "failure", 2: "error"}
 
 
-def fit_targets_option(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
-    """-fitt MiB0,MiB1,... (common/arg.cpp): split on ',' and '/', each std::stoull MiB; one value
-    applies to every device; at most llama_max_devices() - 1 values."""
-    if value is None:
-        return None
-    parts = re.split(r"[,/]+", value)
-    if len(parts) >= 16:
-        raise click.BadParameter(f"got {len(parts)} input configs, but system only has 16 devices")
-    if not all(re.fullmatch(r"\s*\+?[0-9]+", p) for p in parts) or any(int(p) >= 2**64 // MiB for p in parts):
-        raise click.BadParameter(f"{value!r} is not a list of MiB values")
-    return [int(p) * MiB for p in parts]
-
-
 @click.command()
 @model_options()
 @plan_options
-@click.option("-fitt", "--fit-target", "fit_target", metavar="MiB0,MiB1,...", callback=fit_targets_option,
-              help="Memory to leave free on each device, in MiB (one value: every device)  [default: 1024]")
+@fit_target_option("Memory to leave free on each device, in MiB (one value: every device)  [default: 1024]")
 @click.option("-fitc", "--fit-ctx", "fit_ctx", type=Int32(), default=4096, show_default=True,
               help="The smallest context fit may reduce an unset -c to.")
 @click.option("--host-memory", "host_memory", metavar="SIZE", default=None,
@@ -62,7 +47,7 @@ def fit(model: str, params: Params, fit_target: list[int] | None, fit_ctx: int, 
     Example: schedplan fit model.gguf --device cuda:24GiB:cc=8.9 -fitt 512
     """
     from ..backends.rpc import RPCUnreachable, get_device_memory
-    from ..planner.devices import BadDevices, parse_size
+    from ..planner.devices import BadDevices, parse_size, rpc_memory
     from ..planner.fit import fit_params
 
     ctx = click.get_current_context()
@@ -71,7 +56,7 @@ def fit(model: str, params: Params, fit_target: list[int] | None, fit_ctx: int, 
     n_ctx_min = 2**32 - 1 if c_given and params.n_ctx == 0 else fit_ctx & (2**32 - 1)
     with fail_cleanly():
         host_total = parse_size(host_memory) if host_memory else None
-        memory = list(params.rpc_memory) or [None] * len(params.rpc)
+        memory = rpc_memory(params)
         for i, endpoint in enumerate(params.rpc):
             if memory[i] is None:
                 try:
@@ -104,7 +89,7 @@ def fit_report(result) -> dict:
             row["target"] = margins[i]
         devices.append(row)
     return {"schema": "schedplan.fit/1", "status": STATUS[result.status], "args": result.args if result.status == 0
-            else None, "message": result.message or None, "n_ctx": result.n_ctx, "devices": devices,
+            else None, "message": result.message or None, "n_ctx": result.params.n_ctx, "devices": devices,
             "placement": describe_placement(m, result.params.tensor_overrides) if result.final else [],
             "log": result.log, "measured_for": "fitted parameters" if result.final else "initial parameters"}
 

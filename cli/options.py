@@ -149,6 +149,25 @@ def _rpc_memory_list(rpc: tuple[str, ...], memory: dict[str, tuple[int, int]]) -
     return tuple(memory.get(e) for e in rpc) if memory else ()
 
 
+def _fit_targets(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[list[int]]:
+    """-fitt MiB0,MiB1,... (common/arg.cpp): split on ',' and '/', each std::stoull MiB; one value
+    applies to every device; at most llama_max_devices() - 1 values."""
+    if value is None:
+        return None
+    parts = re.split(r"[,/]+", value)
+    if len(parts) >= LLAMA_MAX_DEVICES:
+        raise click.BadParameter(f"got {len(parts)} input configs, but system only has {LLAMA_MAX_DEVICES} devices")
+    if not all(re.fullmatch(r"\s*\+?[0-9]+", p) for p in parts) or any(int(p) >= 2**64 // 2**20 for p in parts):
+        raise click.BadParameter(f"{value!r} is not a list of MiB values")
+    return [int(p) * 2**20 for p in parts]
+
+
+def fit_target_option(help_text: str) -> Callable:
+    """-fitt/--fit-target, the free memory --fit keeps per device; the command receives fit_target."""
+    return click.option("-fitt", "--fit-target", "fit_target", metavar="MiB0,MiB1,...", callback=_fit_targets,
+                        help=help_text)
+
+
 def _check_devices(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
     for value in values:
         try:

@@ -7,8 +7,7 @@ import click
 from tabulate import tabulate
 
 from .errors import fail_cleanly
-from .fit import fit_targets_option
-from .options import model_options, plan_options
+from .options import fit_target_option, model_options, plan_options
 from ..planner.params import Params
 
 MiB = 1024 * 1024
@@ -37,8 +36,7 @@ def signed(delta: int) -> str:
                    "--tensors numbers nodes) and the tensors holding memory then, by offset.")
 @click.option("--graph", "graph", type=click.Choice(["pp", "tg"]), default="pp", show_default=True,
               help="Which graph --tensors and --peak show.")
-@click.option("-fitt", "--fit-target", "fit_target", metavar="MiB0,MiB1,...", callback=fit_targets_option,
-              help="Memory to keep free per device, in MiB, for the verdict on devices of known memory "
+@fit_target_option("Memory to keep free per device, in MiB, for the verdict on devices of known memory "
                    "(as --fit keeps it)  [default: 1024]")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the machine-readable result (peaks of both graphs included, under \"peaks\").")

@@ -161,7 +161,7 @@ class Devices:
 
 def plan_devices(params: Params, hp: HParams) -> Devices:
     # llama_prepare_model_devices (src/llama.cpp:186-300): RPC servers first, then the GPUs
-    memory = list(params.rpc_memory) or [None] * len(params.rpc)
+    memory = rpc_memory(params)
     model_devices = [rpc.rpc_backend(endpoint, i, memory[i]) for i, endpoint in enumerate(params.rpc)]
     model_devices += local_devices(params.devices)
     if params.split_mode == "none" and model_devices:
@@ -190,6 +190,11 @@ def plan_devices(params: Params, hp: HParams) -> Devices:
     host_backend = None if params.no_host else next((b for b in model_devices if b.host_buft), None)
     return Devices(model_devices + [cpu_backend], [layer_of(il) for il in range(n_layer)], layer_of(n_layer),
                    n_gpu_layers, pipeline_parallel, backend_bufts, host_backend)
+
+
+def rpc_memory(params: Params) -> list[Optional[tuple[int, int]]]:
+    """Per --rpc server, the (free, total) it reports when declared, else None."""
+    return list(params.rpc_memory) or [None] * len(params.rpc)
 
 
 def _layer_assignment(params: Params, n_layer: int, n_gpu_layers: int, devices: list[Backend], cpu_backend: Backend):

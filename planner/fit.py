@@ -19,7 +19,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 from .params import Params
 from .reserve import Context, create_context, sched_reserve_no_alloc
@@ -137,8 +137,7 @@ class NglT:
 @dataclass
 class FitResult:
     status: int
-    params: Params                   # the fitted parameters (the user's where fit changed nothing)
-    n_ctx: int                       # the context llama.cpp would use (-c)
+    params: Params                   # the fitted parameters (the user's where fit changed nothing; -c in n_ctx)
     args: str                        # llama-fit-params' line
     message: str = ""                # why fit failed
     margins: list[int] = field(default_factory=list)   # the free memory to leave, per device
@@ -168,10 +167,8 @@ class Fit:
         self.model_path, self.params, self.n_ctx_auto = model_path, params, n_ctx_auto
         self.margins_s, self.n_ctx_min, self.host_total = margins, n_ctx_min, host_total
         self.log: list[str] = []
-        self.n_measured = 0
 
     def measure(self, params: Params) -> Measurement:
-        self.n_measured += 1
         return get_device_memory_data(self.model_path, params, self.host_total)
 
     def trc(self, line: str) -> None:
@@ -180,9 +177,9 @@ class Fit:
     def run(self) -> None:
         """common_params_fit_impl: self.params is updated in place of mparams/cparams."""
         p = self.params
-        if p.split_mode == "tensor":
-            raise FitFailure("llama_params_fit is not implemented for SPLIT_MODE_TENSOR, abort")
-        n_streams = 1 if p.kv_unified else max(1, p.n_seq_max)
+        # with a non-unified cache the context is per stream (-np of them); -sm tensor, which fit
+        # refuses, is not a split mode schedplan takes
+        n_streams = self.n_streams = 1 if p.kv_unified else max(1, p.n_seq_max)
 
         # step 1: the user's parameters
         m = self.initial = self.measure(p)
@@ -272,7 +269,7 @@ class Fit:
         if sum_used_target > used_min_ctx:
             n_ctx = _u32(n_ctx_min_total + _cdiv((n_ctx_max - n_ctx_min_total) * (sum_used_target - used_min_ctx),
                                                  sum_projected_used - used_min_ctx))
-            align = 256 * (1 if self.params.kv_unified else max(1, self.params.n_seq_max))
+            align = 256 * self.n_streams
             n_ctx = max(_u32(n_ctx - n_ctx % align), n_ctx_min_total)
             self.params = dataclasses.replace(self.params, n_ctx=n_ctx)
             bytes_per_ctx = _cdiv(sum_projected_used - used_min_ctx, n_ctx_max - n_ctx_min_total)
@@ -530,9 +527,9 @@ def _layer_of(pattern: str) -> list[int]:
     return [int(m.group(1))] if m and int(m.group(1)) < 1000 else []
 
 
-def fit_args(p: Params, n_ctx: int) -> str:
+def fit_args(p: Params) -> str:
     """The line llama-fit-params prints (tools/fit-params/fit-params.cpp)."""
-    out = f"-c {n_ctx} -ngl {p.n_gpu_layers}"
+    out = f"-c {p.n_ctx} -ngl {p.n_gpu_layers}"
     ts = list(p.tensor_split[:LLAMA_MAX_DEVICES]) + [0.0] * (LLAMA_MAX_DEVICES - len(p.tensor_split))
     nd = LLAMA_MAX_DEVICES
     while nd > 1 and ts[nd - 1] == 0.0:
@@ -555,8 +552,7 @@ def fit_targets(values: Optional[list[int]]) -> list[int]:
 
 
 def fit_params(model_path: str, params: Params, *, n_ctx_auto: bool, margins: Optional[list[int]] = None,
-               n_ctx_min: int = DEFAULT_N_CTX_MIN, host_total: Optional[int] = None,
-               measure_final: bool = True) -> FitResult:
+               n_ctx_min: int = DEFAULT_N_CTX_MIN, host_total: Optional[int] = None) -> FitResult:
     """common_fit_params: the status, the fitted parameters and llama-fit-params' line."""
     margins = fit_targets(margins)
     fit = Fit(model_path, params, n_ctx_auto, margins, n_ctx_min, host_total or host_memory())
@@ -577,5 +573,5 @@ def fit_params(model_path: str, params: Params, *, n_ctx_auto: bool, margins: Op
     if status == FIT_SUCCESS and 1 < len(p.tensor_split) and p.tensor_split[-1] == 0.0:
         fit.trc("note: the line leaves out -ts for the last devices, which get no layers: pasted into llama.cpp "
                 "with --fit off, the layers would be split over all devices by their free memory instead")
-    final = fit.measure(p) if status == FIT_SUCCESS and measure_final else None
-    return FitResult(status, p, p.n_ctx, fit_args(p, p.n_ctx), message, margins, fit.log, fit.initial, final)
+    final = fit.measure(p) if status == FIT_SUCCESS else None
+    return FitResult(status, p, fit_args(p), message, margins, fit.log, fit.initial, final)

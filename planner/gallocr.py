@@ -337,12 +337,16 @@ class Gallocr:
                     elif p_hn.allocated:
                         free_node(parent)
 
-    def reserve_n(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> None:
-        """ggml_gallocr_reserve_n (825-949 with no_alloc = false)."""
+    def reserve_layout(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> None:
+        """ggml_gallocr_reserve_n_impl (825-903): reset the allocators, lay the graph out."""
         for alloc in self.buf_tallocs:
             dyn_tallocr_reset(alloc)
         self.graph = graph
         self.alloc_graph_impl(graph, node_buffer_ids, leaf_buffer_ids)
+
+    def reserve_n(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> None:
+        """ggml_gallocr_reserve_n (825-949 with no_alloc = false)."""
+        self.reserve_layout(graph, node_buffer_ids, leaf_buffer_ids)
 
         # reallocate buffers if needed (904-946): when there is no buffer yet, or some chunk of the
         # new layout is bigger than the same chunk of the current buffer. The new buffer then takes
@@ -363,10 +367,7 @@ class Gallocr:
 
     def reserve_n_size(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> list[int]:
         """ggml_gallocr_reserve_n_size (951-960): the layout only; per buffer id, its chunks' sizes summed."""
-        for alloc in self.buf_tallocs:
-            dyn_tallocr_reset(alloc)
-        self.graph = graph
-        self.alloc_graph_impl(graph, node_buffer_ids, leaf_buffer_ids)
+        self.reserve_layout(graph, node_buffer_ids, leaf_buffer_ids)
         return [sum(chunk.max_size for chunk in alloc.chunks) for alloc in self.buf_tallocs]
 
     def buffer_size(self, buffer_id: int) -> int:

@@ -297,10 +297,10 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
 def device_memory_verdict(ctx: Context, margins: Optional[list[int]]) -> list[dict]:
     """Per device of known memory, what this plan uses there (model, context, compute: what --fit
     counts) against its free memory and the margin --fit keeps (-fitt, default 1024 MiB)."""
-    from .fit import device_memory, fit_targets, host_memory
+    from .fit import device_memory, fit_targets
 
     sizes = [_compute_buffer_size(ctx, i) for i in range(len(ctx.devices.backends))]
-    dmds = device_memory(ctx, sizes, host_memory())
+    dmds = device_memory(ctx, sizes, 0)    # the host's row is not part of the verdict
     targets = fit_targets(margins)
     out = []
     for i, b in enumerate(ctx.devices.model_devices()):

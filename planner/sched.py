@@ -117,10 +117,7 @@ class Sched:
         gallocr raises where the C reserve_n returns false (and the reset is then skipped).
         """
         self.split_graph(measure_graph)
-        if self.galloc is None:
-            from .gallocr import Gallocr
-            self.galloc = Gallocr(self.bufts)
-        self.galloc.reserve_n(self.graph, self.node_backend_ids, self.leaf_backend_ids)
+        self._gallocr().reserve_n(self.graph, self.node_backend_ids, self.leaf_backend_ids)
         self.reset()
 
     def reserve_size(self, measure_graph: Cgraph) -> list[int]:
@@ -129,10 +126,14 @@ class Sched:
         sum of its allocator's chunks, no buffer made (backends sharing a buffer type repeat it)."""
         self.reset()
         self.split_graph(measure_graph)
+        return self._gallocr().reserve_n_size(self.graph, self.node_backend_ids, self.leaf_backend_ids)
+
+    def _gallocr(self) -> Gallocr:
+        """sched->galloc, made on first use (sched_new makes it; here split_graph works without one)."""
         if self.galloc is None:
             from .gallocr import Gallocr
             self.galloc = Gallocr(self.bufts)
-        return self.galloc.reserve_n_size(self.graph, self.node_backend_ids, self.leaf_backend_ids)
+        return self.galloc
 
     def split_graph(self, graph: Cgraph) -> None:
         """ggml_backend_sched_split_graph (B:1066-1605).

@@ -12,7 +12,7 @@ from .. import ggml
 from ..ggml import GGMLAbort
 from ..graph import LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext, kq_scale_for
 from ..hparams import LLAMA_ROPE_TYPE_NORM, LLAMA_SWA_TYPE_CHUNKED, LLAMA_SWA_TYPE_NONE, HParams
-from ..model import Model, TensorCreator, load_swa_pattern, require, require_head_sizes_equal
+from ..model import Model, TensorCreator, load_swa_pattern, require_head_sizes_equal
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM

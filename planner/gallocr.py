@@ -199,6 +199,15 @@ class TensorAlloc:
 
 
 @dataclass(eq=False)
+class Layout:
+    """What reserve_layout leaves: the graph laid out, its hash nodes, and per allocator its chunks,
+    size, live tensors and peak (reset replaces each of these objects rather than mutating it)."""
+    graph: Optional[Cgraph]
+    hash: dict[int, HashNode]
+    tallocs: list[tuple[list[TallocrChunk], int, dict[int, Tensor], Optional[Peak]]]
+
+
+@dataclass(eq=False)
 class Vbuffer:
     """struct vbuffer: the backend buffers (chunks) of one buffer id, by size."""
     chunks: list[int]
@@ -347,10 +356,26 @@ class Gallocr:
     def reserve_n(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> None:
         """ggml_gallocr_reserve_n (825-949 with no_alloc = false)."""
         self.reserve_layout(graph, node_buffer_ids, leaf_buffer_ids)
+        self.realloc_buffers()
 
-        # reallocate buffers if needed (904-946): when there is no buffer yet, or some chunk of the
-        # new layout is bigger than the same chunk of the current buffer. The new buffer then takes
-        # the new layout as it is, so other chunks, and the total, can shrink.
+    def layout(self) -> Layout:
+        """The last reserve's layout, which the next reserve replaces (buffers excluded)."""
+        return Layout(self.graph, self.hash,
+                      [(a.chunks, a.size, a.live, a.peak) for a in self.buf_tallocs])
+
+    def reserve_n_laid_out(self, layout: Layout) -> None:
+        """ggml_gallocr_reserve_n of a graph whose layout is already known: laying out depends on the
+        graph and its buffer ids alone (the allocators start empty), so the layout is taken back and
+        only the buffer check runs."""
+        self.graph, self.hash = layout.graph, layout.hash
+        for alloc, (chunks, size, live, peak) in zip(self.buf_tallocs, layout.tallocs):
+            alloc.chunks, alloc.size, alloc.live, alloc.peak = chunks, size, live, peak
+        self.realloc_buffers()
+
+    def realloc_buffers(self) -> None:
+        """Reallocate buffers if needed (904-946): when there is no buffer yet, or some chunk of the
+        new layout is bigger than the same chunk of the current buffer. The new buffer then takes
+        the new layout as it is, so other chunks, and the total, can shrink."""
         for i, alloc in enumerate(self.buf_tallocs):
             for j in range(i):
                 if self.buf_tallocs[j] is alloc:

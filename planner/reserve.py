@@ -201,9 +201,13 @@ def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
     resolve_flash_attn(ctx)
     pp = (n_tokens, n_seqs, min(n_tokens, cp.n_outputs_max))
-    stats = {"pp": _reserve_stats(ctx, *pp), "tg": _reserve_stats(ctx, n_seqs, n_seqs, n_seqs)}
+    stats = {"pp": _reserve_stats(ctx, *pp)}
+    pp_reserved = ctx.sched.reservation()
+    stats["tg"] = _reserve_stats(ctx, n_seqs, n_seqs, n_seqs)
     stats["tg"].peaks = graph_peaks(ctx)
-    graph_reserve(ctx, *pp)                # pp again: the final reservation
+    # pp again, the final reservation: llama.cpp builds the pp graph anew, the same graph, which
+    # splits and lays out as the first did; only the buffer check can differ (tests/test_sched.py)
+    ctx.sched.reserve_again(pp_reserved)
     stats["pp"].peaks = graph_peaks(ctx)
     return stats
 

@@ -18,7 +18,7 @@ from . import ggml
 from .ggml import FLAG_INPUT, FLAG_OUTPUT, VIEW_OPS, Cgraph, Tensor
 
 if TYPE_CHECKING:
-    from .gallocr import Gallocr
+    from .gallocr import Gallocr, Layout
 
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_COPIES = 4
@@ -42,6 +42,17 @@ class Split:
     i_start: int
     i_end: int = 0
     inputs: list[Tensor] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Reservation:
+    """The state a reserve leaves for its graph (Sched.reservation)."""
+    splits: list[Split]
+    graph_inputs: list[Tensor]
+    graph: Cgraph
+    node_backend_ids: list[int]
+    leaf_backend_ids: list[int]
+    layout: Layout
 
 
 class Sched:
@@ -119,6 +130,19 @@ class Sched:
         self.split_graph(measure_graph)
         self._gallocr().reserve_n(self.graph, self.node_backend_ids, self.leaf_backend_ids)
         self.reset()
+
+    def reservation(self) -> Reservation:
+        """What the last reserve left: the split graph copy and gallocr's layout of it."""
+        return Reservation(self.splits, self.graph_inputs, self.graph, self.node_backend_ids,
+                           self.leaf_backend_ids, self._gallocr().layout())
+
+    def reserve_again(self, r: Reservation) -> None:
+        """ggml_backend_sched_reserve of a graph built again as it was when `r` was taken: splitting
+        and laying out depend on the graph alone (reserve starts and ends with empty assignments and
+        allocators), so the result is taken back and only gallocr's buffer check runs again."""
+        self.splits, self.graph_inputs, self.graph = r.splits, r.graph_inputs, r.graph
+        self.node_backend_ids, self.leaf_backend_ids = r.node_backend_ids, r.leaf_backend_ids
+        self._gallocr().reserve_n_laid_out(r.layout)
 
     def reserve_size(self, measure_graph: Cgraph) -> list[int]:
         """ggml_backend_sched_reserve_size (B:1977), what a no_alloc context measures: reset first

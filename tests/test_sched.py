@@ -373,3 +373,43 @@ def test_new_requires_cpu_last():
     gpu = gpu_backend()
     with pytest.raises(AssertionError):
         Sched([cpu.cpu_backend(), gpu])
+
+
+# --- the final pp reservation (planner/reserve.py _sched_reserve) -----------------------------------
+
+def _reserved_state(ctx) -> tuple:
+    """Everything a reserve leaves that schedplan reports: buffers, the split graph, every tensor's
+    place and lifetime, and the peaks."""
+    from schedplan.planner.reserve import graph_peaks
+    sched, galloc = ctx.sched, ctx.sched.galloc
+    graph = sched.graph
+    tensors = graph.leafs + graph.nodes
+    return ([galloc.chunk_sizes(i) for i in range(len(galloc.bufts))],
+            [(s.backend_id, s.i_start, s.i_end, [t.name for t in s.inputs]) for s in sched.splits],
+            [(t.name, t.op, [s.name if s is not None else None for s in t.src]) for t in tensors],
+            sched.node_backend_ids, sched.leaf_backend_ids,
+            [(galloc.tensor_alloc(t), galloc.lifetime(t)) for t in tensors],
+            graph_peaks(ctx))
+
+
+@pytest.mark.parametrize("model,flags", [
+    ("tiny-llama", []),
+    ("tiny-gemma3", ["-c", "1024", "-ub", "64"]),
+    ("tiny-deepseek3", ["-ub", "32", "-np", "2"]),
+    ("tiny-qwen3moe", ["--rpc", "127.0.0.1:50052", "--rpc", "127.0.0.1:50053", "-ngl", "99", "-ts", "3,1", "-np", "4"]),
+    ("tiny-qwen35", ["--rpc", "127.0.0.1:50052", "-ngl", "2", "-ot", "exps=CPU"]),
+])
+def test_final_pp_reserve_taken_back_equals_a_rebuild(model, flags):
+    """sched_reserve takes the first pp reservation back instead of building the pp graph a third
+    time; llama.cpp builds and reserves it again (llama_context::sched_reserve): doing that after
+    ours must change nothing."""
+    from fixtures.make_gguf import header_path
+    from schedplan.cli.options import parse_params
+    from schedplan.planner.reserve import create_context, graph_reserve, sched_reserve
+    ctx = create_context(str(header_path(model)), parse_params(flags))
+    sched_reserve(ctx)
+    ours = _reserved_state(ctx)
+    cp = ctx.cparams
+    n_tokens = min(cp.n_ctx, cp.n_ubatch)
+    graph_reserve(ctx, n_tokens, cp.n_seq_max, min(n_tokens, cp.n_outputs_max))
+    assert _reserved_state(ctx) == ours

@@ -60,7 +60,7 @@ class DynTallocr:
     max_chunk_size: int
     chunks: list[TallocrChunk] = field(default_factory=list)
     size: int = 0                                              # sum of chunks' max_size
-    live: dict[int, Tensor] = field(default_factory=dict)      # like GGML_ALLOCATOR_DEBUG's allocated_tensors
+    live: dict[Tensor, None] = field(default_factory=dict)     # in order, like GGML_ALLOCATOR_DEBUG's allocated_tensors
     peak: Optional[Peak] = None
 
 
@@ -200,11 +200,10 @@ class TensorAlloc:
 
 @dataclass(eq=False)
 class Layout:
-    """What reserve_layout leaves: the graph laid out, its hash nodes, and per allocator its chunks,
-    size, live tensors and peak (reset replaces each of these objects rather than mutating it)."""
-    graph: Optional[Cgraph]
-    hash: dict[int, HashNode]
-    tallocs: list[tuple[list[TallocrChunk], int, dict[int, Tensor], Optional[Peak]]]
+    """What reserve_layout leaves: the graph's hash nodes, and per allocator its chunks, size, live
+    tensors and peak (reset replaces each of these objects rather than mutating it)."""
+    hash: dict[Tensor, HashNode]
+    tallocs: list[tuple[list[TallocrChunk], int, dict[Tensor, None], Optional[Peak]]]
 
 
 @dataclass(eq=False)
@@ -222,8 +221,7 @@ class Gallocr:
             shared = next((self.buf_tallocs[j] for j in range(i) if self.bufts[j] is buft), None)
             self.buf_tallocs.append(shared or dyn_tallocr_new(buft.alignment, buft.max_size))
         self.buffers: list[Optional[Vbuffer]] = [None] * len(self.bufts)
-        self.hash: defaultdict[int, HashNode] = defaultdict(HashNode)
-        self.graph: Optional[Cgraph] = None   # keeps the ids in `hash` valid
+        self.hash: defaultdict[Tensor, HashNode] = defaultdict(HashNode)
         self.node_index = -1                  # the node being allocated, for Peak
 
     # ggml_gallocr_allocate_node (623-689)
@@ -231,7 +229,7 @@ class Gallocr:
         # is_allocated (593-597): data or buffer set externally, or already own; views never
         if node.buffer is not None or node.view_src is not None:
             return
-        hn = self.hash[id(node)]
+        hn = self.hash[node]
         if hn.allocated:
             return
         hn.allocated = True
@@ -243,9 +241,9 @@ class Gallocr:
         before = alloc.size
         hn.chunk, hn.offset = dyn_tallocr_alloc(alloc, hn.size)
         hn.first = self.node_index
-        alloc.live[id(node)] = node
+        alloc.live[node] = None
         if alloc.size > before:
-            alloc.peak = Peak(self.node_index, alloc.size, list(alloc.live.values()))
+            alloc.peak = Peak(self.node_index, alloc.size, list(alloc.live))
 
     def reuse_parent(self, node: Tensor, hn: HashNode) -> bool:
         """The in-place branch of ggml_gallocr_allocate_node (632-681): the first parent that is
@@ -257,7 +255,7 @@ class Gallocr:
         for parent in node.src:
             if parent is None:
                 continue
-            p_hn = self.hash[id(parent)]
+            p_hn = self.hash[parent]
             if not p_hn.allocated or parent.flags & FLAG_OUTPUT:
                 continue
             if parent.type != node.type or parent.ne != node.ne or parent.nb != node.nb:
@@ -270,8 +268,8 @@ class Gallocr:
                 p_hn.allocated = False
                 p_hn.last = self.node_index - 1   # the node holds the memory from here on
                 live = self.buf_tallocs[p_hn.buffer_id].live
-                del live[id(parent)]
-                live[id(node)] = node
+                del live[parent]
+                live[node] = None
                 self.free_extra_space(hn, p_hn)
                 return True
         return False
@@ -290,10 +288,10 @@ class Gallocr:
         """ggml_gallocr_free_node (691-712): graph outputs are never freed."""
         if node.flags & FLAG_OUTPUT:
             return
-        hn = self.hash[id(node)]
+        hn = self.hash[node]
         alloc = self.buf_tallocs[hn.buffer_id]
         dyn_tallocr_free_bytes(alloc, hn.chunk, hn.offset, hn.size)
-        del alloc.live[id(node)]
+        del alloc.live[node]
         hn.allocated = False
         hn.last = self.node_index
 
@@ -312,14 +310,14 @@ class Gallocr:
         parents_of = []   # per node: (src, its hash node) for each non-NULL src
         for node, buffer_id in zip(graph.nodes, node_buffer_ids, strict=True):
             if node.view_src is not None and node.op != "NONE":
-                hash_[id(node.view_src)].n_views += 1
+                hash_[node.view_src].n_views += 1
             if node.flags & FLAG_INPUT:
                 allocate_node(node, buffer_id)
             parents = []
             for src in node.src:
                 if src is None:
                     continue
-                p_hn = hash_[id(src)]
+                p_hn = hash_[src]
                 p_hn.n_children += 1
                 if src.flags & FLAG_INPUT:
                     allocate_node(src, buffer_id)
@@ -339,7 +337,7 @@ class Gallocr:
                     view_src = parent.view_src
                     if view_src is not None:
                         # n_views can go below zero here for views with op NONE (never counted)
-                        vs_hn = hash_[id(view_src)]
+                        vs_hn = hash_[view_src]
                         vs_hn.n_views -= 1
                         if vs_hn.n_views == 0 and vs_hn.n_children == 0 and vs_hn.allocated:
                             free_node(view_src)
@@ -350,7 +348,6 @@ class Gallocr:
         """ggml_gallocr_reserve_n_impl (825-903): reset the allocators, lay the graph out."""
         for alloc in self.buf_tallocs:
             dyn_tallocr_reset(alloc)
-        self.graph = graph
         self.alloc_graph_impl(graph, node_buffer_ids, leaf_buffer_ids)
 
     def reserve_n(self, graph: Cgraph, node_buffer_ids: list[int], leaf_buffer_ids: list[int]) -> None:
@@ -360,14 +357,13 @@ class Gallocr:
 
     def layout(self) -> Layout:
         """The last reserve's layout, which the next reserve replaces (buffers excluded)."""
-        return Layout(self.graph, self.hash,
-                      [(a.chunks, a.size, a.live, a.peak) for a in self.buf_tallocs])
+        return Layout(self.hash, [(a.chunks, a.size, a.live, a.peak) for a in self.buf_tallocs])
 
     def reserve_n_laid_out(self, layout: Layout) -> None:
         """ggml_gallocr_reserve_n of a graph whose layout is already known: laying out depends on the
         graph and its buffer ids alone (the allocators start empty), so the layout is taken back and
         only the buffer check runs."""
-        self.graph, self.hash = layout.graph, layout.hash
+        self.hash = layout.hash
         for alloc, (chunks, size, live, peak) in zip(self.buf_tallocs, layout.tallocs):
             alloc.chunks, alloc.size, alloc.live, alloc.peak = chunks, size, live, peak
         self.realloc_buffers()
@@ -417,7 +413,7 @@ class Gallocr:
         never freed); None for views and tensors with memory of their own (weights, KV)."""
         if t.view_src is not None or t.buffer is not None:
             return None
-        hn = self.hash.get(id(t))
+        hn = self.hash.get(t)
         return (hn.first, hn.last) if hn is not None and hn.size else None
 
     def tensor_alloc(self, t: Tensor) -> Optional[TensorAlloc]:
@@ -426,7 +422,7 @@ class Gallocr:
         base = t.view_src if t.view_src is not None else t
         if base.buffer is not None:
             return None
-        hn = self.hash.get(id(base))
+        hn = self.hash.get(base)
         if hn is None:
             return None
         if t.view_src is not None:

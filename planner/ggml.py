@@ -446,7 +446,7 @@ def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale_:
 class Cgraph:
     nodes: list[Tensor] = field(default_factory=list)
     leafs: list[Tensor] = field(default_factory=list)
-    visited: set[int] = field(default_factory=set)   # ids of visited tensors (the visited_hash_set)
+    visited: set[Tensor] = field(default_factory=set)   # the visited_hash_set (Tensor hashes by identity)
 
     def n_nodes(self) -> int:
         return len(self.nodes)
@@ -458,15 +458,15 @@ def _visit_parents(g: Cgraph, node: Tensor) -> None:
     The COMPUTE flag it also sets only steers backends' compute loops, so it is not modelled.
     """
     visited = g.visited
-    if id(node) in visited:
+    if node in visited:
         return
-    visited.add(id(node))
+    visited.add(node)
     stack = [(node, iter(node.src))]
     while stack:
         t, srcs = stack[-1]
         for s in srcs:
-            if s is not None and id(s) not in visited:
-                visited.add(id(s))
+            if s is not None and s not in visited:
+                visited.add(s)
                 stack.append((s, iter(s.src)))
                 break
         else:

@@ -176,6 +176,14 @@ class ModelLoader:
             self.fail(f"key {key} has wrong array length; expected {n}, got {len(value)}")
         return self.get_arr(kv, (BOOL, UINT32, INT32))
 
+    def get_rope_sections(self) -> tuple[int, ...]:
+        """get_key_or_arr(LLM_KV_ROPE_DIMENSION_SECTIONS, hparams.rope_sections, 4, true): into a
+        std::array<int, 4>, so a scalar must be an int32 and the values read as signed ints."""
+        key = self.key("%s.rope.dimension_sections")
+        if self.header.get(key) is not None and self.header.kv_types[key][0] != ARRAY:
+            return (self._typed(key, INT32),) * 4
+        return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in self.get_key_or_arr("%s.rope.dimension_sections", 4))
+
     def get_arr(self, kv: str, elem_types: tuple[int, ...], n_max: int = LLAMA_MAX_LAYERS) -> tuple:
         """get_arr into a std::array<T, n_max> of 32-bit integers (elem_types: the element types
         T accepts): the element type must match and the length is bounded; values are read as

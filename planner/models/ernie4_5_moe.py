@@ -20,7 +20,7 @@ LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     if ml.has("%s.rope.dimension_sections"):   # PaddleOCR's; the MoE graph ropes without them
-        hp.rope_sections = ml.get_key_or_arr("%s.rope.dimension_sections", 4)
+        hp.rope_sections = ml.get_rope_sections()
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
     hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer_all)
     hp.n_ff_shexp = ml.get_u32("%s.expert_shared_feed_forward_length", 0)

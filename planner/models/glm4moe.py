@@ -25,7 +25,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer_all)
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
     if ml.has("%s.rope.dimension_sections"):
-        hp.rope_sections = ml.get_key_or_arr("%s.rope.dimension_sections", 4)
+        hp.rope_sections = ml.get_rope_sections()
     hp.n_expert_shared = ml.get_u32("%s.expert_shared_count")
     hp.n_layer_dense_lead = ml.get_u32("%s.leading_dense_block_count", 0)
     hp.expert_weights_scale = ml.get_f32("%s.expert_weights_scale", 0.0)

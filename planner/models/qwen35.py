@@ -23,7 +23,7 @@ LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_IMROPE
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
-    hp.rope_sections = ml.get_key_or_arr("%s.rope.dimension_sections", 4)
+    hp.rope_sections = ml.get_rope_sections()
     load_gdn_hparams(ml, hp)
     require(ml, hp.n_embd_head_v() == hp.n_embd_head_k(),
             f"the {ml.arch} graph needs equal K and V head sizes (K {hp.n_embd_head_k()}, V {hp.n_embd_head_v()})")

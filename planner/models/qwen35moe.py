@@ -20,7 +20,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer_all, 0)
     hp.n_ff_shexp = ml.get_u32("%s.expert_shared_feed_forward_length", 0)
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
-    hp.rope_sections = ml.get_key_or_arr("%s.rope.dimension_sections", 4)
+    hp.rope_sections = ml.get_rope_sections()
     load_gdn_hparams(ml, hp)
     # the loader divides n_ff by n_expert_used without an expert_feed_forward_length; the graph routes
     require(ml, hp.n_expert > 0 and hp.n_expert_used() > 0, f"the {ml.arch} graph needs experts (expert_count, expert_used_count)")

@@ -269,6 +269,13 @@ def repeat_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     return _op(new_tensor(a.type, ne0, ne1, ne2, ne3), "REPEAT", [a])
 
 
+def pad(a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
+    """ggml_pad: ggml_pad_ext padding each dimension on the right (the amounts are C ints)."""
+    p = [(x + 2**31) % 2**32 - 2**31 for x in (p0, p1, p2, p3)]
+    r = new_tensor(a.type, *(n + x for n, x in zip(a.ne, p)))
+    return _op(r, "PAD", [a], (0, p[0], 0, p[1], 0, p[2], 0, p[3], 0))
+
+
 def get_rows(a: Tensor, b: Tensor) -> Tensor:
     t = a.type if a.type == T.I32 else T.F32
     return _op(new_tensor(t, a.ne[0], b.ne[0], b.ne[1], b.ne[2]), "GET_ROWS", [a, b])

@@ -100,6 +100,7 @@ class GraphContext:
     gf: Cgraph = field(default_factory=Cgraph)
     t_logits: Optional[Tensor] = None
     t_embd: Optional[Tensor] = None
+    t_inp_embd: Optional[Tensor] = None  # res->t_inp_embd: the input rows (n_embd of each when n_embd_inp is wider)
     t_h_nextn: Optional[Tensor] = None   # the last hidden state, kept for multi-token prediction
     fused_flash_attn: list[tuple[Tensor, int]] = field(default_factory=list)   # res->add_fused_node
 
@@ -115,17 +116,25 @@ class GraphContext:
     # --- inputs ----------------------------------------------------------------------------------
 
     def build_inp_embd(self, tok_embd: Tensor) -> Tensor:
-        n_tokens = self.ubatch.n_tokens
+        """build_inp_embd: token rows or the embd input, n_embd_inp wide (deepstack models carry
+        their extra layers' inputs there; a token row is padded to it), viewed back to n_embd."""
+        hp = self.hparams
+        n_tokens, n_embd_inp, n_embd = self.ubatch.n_tokens, hp.n_embd_inp(), hp.n_embd
         tokens = ggml.new_tensor(ggml.T.I32, n_tokens)
         self.cb(tokens, "inp_tokens", -1)
         tokens.set_input()
-        embd = ggml.new_tensor(ggml.T.F32, self.hparams.n_embd, n_tokens)
+        embd = ggml.new_tensor(ggml.T.F32, n_embd_inp, n_tokens)
         self.cb(embd, "inp_embd", -1)
         embd.set_input()
         rows = ggml.get_rows(tok_embd, tokens)
+        if n_embd_inp != n_embd:
+            rows = ggml.pad(rows, n_embd_inp - n_embd, 0, 0, 0)
         cur = ggml.build_forward_select(self.gf, [rows, embd], 0)   # ubatch.token != nullptr
-        if self.hparams.f_embedding_scale != 0.0:
-            cur = ggml.scale(cur, self.hparams.f_embedding_scale)
+        if n_embd_inp != n_embd:
+            cur = ggml.view(cur, (n_embd, n_tokens), (cur.nb[1],), 0)
+        self.t_inp_embd = cur
+        if hp.f_embedding_scale != 0.0:
+            cur = ggml.scale(cur, hp.f_embedding_scale)
         self.cb(cur, "embd", -1)
         ggml.build_forward_expand(self.gf, cur)
         return cur

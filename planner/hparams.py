@@ -98,6 +98,7 @@ class HParams:
     n_ff_shexp: int = 0
     moe_latent_size: int = 0               # nemotron_h_moe: experts work in a smaller latent space
     rope_sections: tuple[int, ...] = (0, 0, 0, 0)
+    n_deepstack_layers: int = 0            # qwen3vl(moe): the input rows carry this many extra n_embd blocks
 
     # --- per-layer accessors (llama-hparams.cpp) --------------------------------------------------
 
@@ -161,6 +162,10 @@ class HParams:
     def n_embd_s(self) -> int:
         """llama_hparams::n_embd_s: a recurrent layer's SSM state."""
         return self.ssm_d_state * self.ssm_d_inner
+
+    def n_embd_inp(self) -> int:
+        """llama_hparams::n_embd_inp: n_embd plus one n_embd per deepstack layer (uint32_t arithmetic)."""
+        return (self.n_embd + self.n_embd * self.n_deepstack_layers) & 0xFFFFFFFF
 
     def n_pos_per_embd(self) -> int:
         return GGML_MROPE_SECTIONS if self.rope_type in (LLAMA_ROPE_TYPE_MROPE, LLAMA_ROPE_TYPE_IMROPE) else 1

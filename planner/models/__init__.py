@@ -39,6 +39,8 @@ ARCHS = {
     "qwen3": "qwen3",
     "qwen3moe": "qwen3moe",
     "qwen3next": "qwen3next",
+    "qwen3vl": "qwen3vl",
+    "qwen3vlmoe": "qwen3vlmoe",
     "qwen35": "qwen35",
     "qwen35moe": "qwen35moe",
     "smollm3": "smollm3",

@@ -72,18 +72,26 @@ def build(g: GraphContext) -> None:
     g.build_output(inp_l)
 
 
-def build_attn_qk_norm(g: GraphContext, layer, cur, inp_pos, inp_attn, il: int):
+def build_attn_qk_norm(g: GraphContext, layer, cur, inp_pos, inp_attn, il: int,
+                       sections: tuple[int, ...] | None = None):
     """The attention qwen3, qwen3moe, bailingmoe2 and dots1 share: Q, K, V (separate or fused),
-    Q and K RMS-normed per head, each then roped, attention at 1/sqrt(head size)."""
+    Q and K RMS-normed per head, each then roped, attention at 1/sqrt(head size). With rope
+    sections (qwen3vl, qwen3vlmoe) the rope is ggml_rope_multi."""
     hp = g.hparams
     n_embd_head = hp.n_embd_head_v()
+
+    def rope(x):
+        if sections is not None:
+            return ggml.rope_multi(x, inp_pos, None, hp.n_rot(il), sections, hp.rope_type, hp.n_ctx_orig_yarn)
+        return ggml.rope_ext(x, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+
     q, k, v = g.build_qkv(layer, cur, n_embd_head, hp.n_head(il), hp.n_head_kv(il), il)
     q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
     g.cb(q, "Qcur_normed", il)
-    q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+    q = rope(q)
     k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
     g.cb(k, "Kcur_normed", il)
-    k = ggml.rope_ext(k, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+    k = rope(k)
     g.cb(q, "Qcur", il)
     g.cb(k, "Kcur", il)
     g.cb(v, "Vcur", il)

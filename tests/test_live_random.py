@@ -79,7 +79,7 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-smollm3", "tiny-mistral3", "tiny-mixtral", "tiny-gpt-oss", "tiny-deepseek3", "tiny-qwen35",
                "tiny-qwen35moe", "tiny-qwen3next", "tiny-lfm2", "tiny-mamba2", "tiny-granitehybrid", "tiny-nemotron-h",
                "tiny-glm4moe", "tiny-llama4", "tiny-granitemoe", "tiny-ernie4_5-moe",
-               "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe"]
+               "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe", "tiny-qwen3vl", "tiny-qwen3vlmoe"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h"}
 
 
@@ -96,7 +96,7 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
     if arch == "gemma3":
         md[p + "attention.key_length"] = md[p + "attention.value_length"] = rng.choice([64, 128, 256])
     if arch in ("qwen3moe", "qwen2moe", "gpt-oss", "glm4moe", "llama4", "granitemoe", "ernie4_5-moe",
-                "dots1", "hunyuan-moe"):
+                "dots1", "hunyuan-moe", "qwen3vlmoe"):
         md[p + "expert_count"] = rng.choice([4, 8, 16])
         md[p + "expert_used_count"] = rng.choice([1, 2, 4])
     if arch in ("glm4moe", "bailingmoe2", "dots1"):
@@ -106,6 +106,8 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
         md[p + "interleave_moe_layer_step"] = rng.choice([1, 2])
     if arch == "llama4":
         md[p + "interleave_moe_layer_step"] = rng.choice([0, 1, 2, 3])
+    if arch in ("qwen3vl", "qwen3vlmoe"):   # as many deepstack layers as blocks, or more, too
+        md[p + "n_deepstack_layers"] = rng.choice([0, 1, 2, 3, 5])
     if arch == "deepseek2":
         md[p + "leading_dense_block_count"] = rng.choice([0, 1])
         md[p + "expert_group_count"], md[p + "expert_group_used_count"] = rng.choice([(4, 2), (2, 1)])

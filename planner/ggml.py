@@ -397,6 +397,16 @@ def argsort_top_k(a: Tensor, k: int) -> Tensor:
     return view(r, (k, r.ne[1], r.ne[2], r.ne[3]), (r.nb[1], r.nb[2], r.nb[3]), 0)
 
 
+def top_k(a: Tensor, k: int) -> Tensor:
+    """ggml_top_k: the i32 indices of each row's k largest values."""
+    return _op(new_tensor(T.I32, k, a.ne[1], a.ne[2], a.ne[3]), "TOP_K", [a])
+
+
+def lightning_indexer(q: Tensor, k: Tensor, weights: Tensor, mask: Tensor) -> Tensor:
+    """ggml_lightning_indexer (DeepSeek sparse attention): f32 scores [n_kv, n_tokens, 1, n_stream]."""
+    return _op(new_tensor(T.F32, k.ne[2], q.ne[2], 1, q.ne[3]), "LIGHTNING_INDEXER", [q, k, weights, mask])
+
+
 def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
     """ggml_mul_mat_id: one matrix per expert in a; ids picks them per b row."""
     return _op(new_tensor(T.F32, a.ne[1], ids.ne[0], b.ne[2], 1), "MUL_MAT_ID", [a, b, ids])

@@ -13,6 +13,7 @@ from . import ggml
 from .cparams import CParams
 from .ggml import Cgraph, GGMLAbort, Tensor
 from .kv_cache import KVCache
+from .kv_cache_dsa import KVCacheDSA
 from .kv_cache_iswa import KVCacheISWA
 from .memory_recurrent import MemoryHybrid, MemoryRecurrent
 from .model import Model
@@ -60,6 +61,18 @@ class AttnInputK:
 
 
 @dataclass
+class AttnInputKDSA:
+    """llm_graph_input_attn_k_dsa: the MLA cache's K indices and mask, the lightning indexer
+    cache's K indices, mask and key rotation"""
+    kv: KVCacheDSA
+    k_idxs_mla: Tensor
+    kq_mask_mla: Tensor
+    k_idxs_lid: Tensor
+    kq_mask_lid: Tensor
+    k_rot_lid: Optional[Tensor]
+
+
+@dataclass
 class RSInput:
     """llm_graph_input_rs: which cells' states each sequence reads (s_copy, split into the
     sequences' rows and the extra ones)"""
@@ -91,7 +104,7 @@ LLM_FFN_SEQ, LLM_FFN_PAR = "SEQ", "PAR"
 class GraphContext:
     model: Model
     cparams: CParams
-    kv: Union[KVCache, KVCacheISWA, MemoryRecurrent, MemoryHybrid]
+    kv: Union[KVCache, KVCacheISWA, KVCacheDSA, MemoryRecurrent, MemoryHybrid]
     ubatch: Ubatch
     # graph_get_cb's backend pinning: pin(tensor, il) for "norm" and "l_last" (llama-context.cpp:2635)
     pin: Callable[[Tensor, int], None]
@@ -174,6 +187,16 @@ class GraphContext:
         """build_attn_inp_k_impl: K indices and the mask; no V indices, no rotations."""
         return AttnInputK(self.kv, self.kv.build_input_k_idxs(self.ubatch.n_tokens), self.build_attn_inp_kq_mask(self.kv))
 
+    def build_attn_inp_k_dsa(self) -> AttnInputKDSA:
+        """build_attn_inp_k_dsa_impl: the MLA cache's inputs, then the indexer's; the fused
+        lightning indexer (cparams.fused_lid, always on) wants an f16 indexer mask."""
+        n_tokens, mla, lid = self.ubatch.n_tokens, self.kv.mla, self.kv.lid
+        k_idxs_mla = mla.build_input_k_idxs(n_tokens)
+        kq_mask_mla = self.build_attn_inp_kq_mask(mla)
+        k_idxs_lid = lid.build_input_k_idxs(n_tokens)
+        kq_mask_lid = self.build_attn_inp_kq_mask(lid, flash_attn=True)
+        return AttnInputKDSA(self.kv, k_idxs_mla, kq_mask_mla, k_idxs_lid, kq_mask_lid, lid.build_input_k_rot())
+
     def build_rs_inp(self) -> RSInput:
         return self._rs_inp(self.kv)
 
@@ -217,10 +240,13 @@ class GraphContext:
             inp.k_rot, inp.v_rot = kv.build_input_k_rot(), kv.build_input_v_rot()
         return inp
 
-    def build_attn_inp_kq_mask(self, kv: KVCache) -> Tensor:
+    def build_attn_inp_kq_mask(self, kv: KVCache, flash_attn: Optional[bool] = None) -> Tensor:
+        """flash_attn: the cparams' unless given (the DSA indexer's mask follows fused_lid)."""
         n_tokens = self.ubatch.n_tokens
         n_stream = 1 if self.cparams.kv_unified else self.ubatch.n_seqs_unq
-        mask_type = ggml.T.F16 if self.cparams.flash_attn else ggml.T.F32   # flash attention wants f16
+        if flash_attn is None:
+            flash_attn = self.cparams.flash_attn
+        mask_type = ggml.T.F16 if flash_attn else ggml.T.F32   # flash attention wants f16
         mask = ggml.new_tensor(mask_type, kv.get_n_kv(), n_tokens // n_stream, 1, n_stream)
         mask.set_input()
         set_name(mask, "attn_inp_kq_mask")
@@ -536,6 +562,38 @@ class GraphContext:
         k = kv.get_k(il)
         v = ggml.view(k, (v_cur.ne[0], k.ne[1], k.ne[2], k.ne[3]), (k.nb[1], k.nb[2], k.nb[3]), 0)
         cur = self.build_attn_mha(q_cur, k, v, inp.kq_mask, kq_scale, il, None, v_mla)
+        self.cb(cur, "kqv_out", il)
+        if wo is not None:
+            cur = self.build_lora_mm(wo, cur)
+        if wo_b is not None:
+            cur = ggml.add(cur, wo_b)
+        return cur
+
+    def build_attn_k_dsa(self, inp: AttnInputKDSA, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor,
+                         k_cur: Tensor, v_cur: Tensor, v_mla: Optional[Tensor], top_k: Tensor, kq_scale: float,
+                         il: int) -> Tensor:
+        """build_attn(llm_graph_input_attn_k_dsa *): MLA over the K-only cache as build_attn_k, its
+        mask narrowed to the indexer's top-k keys: a -inf copy of the mask with zeros set at the
+        selected rows, added to the mask."""
+        for t in (q_cur, v_cur, k_cur):
+            ggml.build_forward_expand(self.gf, t)
+        kv = inp.kv.mla
+        ggml.build_forward_expand(self.gf, kv.cpy_k(k_cur, inp.k_idxs_mla, il))
+        kq_mask = inp.kq_mask_mla
+        kq_mask_all = ggml.fill(kq_mask, -math.inf)
+        kq_mask_all = ggml.view(kq_mask_all, (1, kq_mask_all.ne[0], kq_mask_all.ne[1], kq_mask_all.ne[3]),
+                                (kq_mask_all.nb[0], kq_mask_all.nb[1], kq_mask_all.nb[2]), 0)
+        top_k_3d = ggml.view(top_k, (top_k.ne[0], top_k.ne[1], top_k.ne[3], 1),
+                             (top_k.nb[1], top_k.nb[2], top_k.ne[3] * top_k.nb[3]), 0)
+        zeros = ggml.new_tensor(ggml.T.F32, 1, top_k_3d.ne[0], top_k_3d.ne[1], top_k_3d.ne[2])
+        zeros = ggml.fill(zeros, 0.0)
+        kq_mask_top_k = ggml.set_rows(kq_mask_all, zeros, top_k_3d)
+        kq_mask_top_k = ggml.view(kq_mask_top_k, (kq_mask_top_k.ne[1], kq_mask_top_k.ne[2], 1, kq_mask_top_k.ne[3]),
+                                  (kq_mask_top_k.nb[2], kq_mask_top_k.nb[3], kq_mask_top_k.nb[3]), 0)
+        kq_mask_top_k = ggml.add(kq_mask_top_k, kq_mask)
+        k = kv.get_k(il)
+        v = ggml.view(k, (v_cur.ne[0], k.ne[1], k.ne[2], k.ne[3]), (k.nb[1], k.nb[2], k.nb[3]), 0)
+        cur = self.build_attn_mha(q_cur, k, v, kq_mask_top_k, kq_scale, il, None, v_mla)
         self.cb(cur, "kqv_out", il)
         if wo is not None:
             cur = self.build_lora_mm(wo, cur)

@@ -11,6 +11,10 @@ from .ggml import Buffer, Tensor
 from .hparams import HParams
 
 
+# the architectures whose indexer keys always get a Hadamard rotation (llama_kv_cache::llama_kv_cache)
+DSA_ARCHS = frozenset({"deepseek32", "glm-dsa"})
+
+
 @dataclass
 class KVLayer:
     il: int
@@ -163,5 +167,8 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
     # attn_rot_k/v: Hadamard rotations for quantized caches whose layers share one head size
     # (the % 64 checks read layer 0's head size, as llama.cpp's n_embd_head_k() does)
     cache.attn_rot_k = n_embd_head_k_all > 0 and ggml.is_quantized(type_k) and hp.n_embd_head_k() % 64 == 0
+    # always for the lightning indexer's keys (the DSA cache's hparams give them the indexer head size)
+    if hp.arch in DSA_ARCHS and hp.n_embd_head_k_full == hp.indexer_head_size:
+        cache.attn_rot_k = True
     cache.attn_rot_v = n_embd_head_v_all > 0 and ggml.is_quantized(type_v) and hp.n_embd_head_v() % 64 == 0
     return cache

@@ -77,6 +77,11 @@ class Layer:
     wkv_b: Optional[Tensor] = None             # legacy DeepSeek2 GGUFs: K and V decompression unsplit
     wk_b: Optional[Tensor] = None
     wv_b: Optional[Tensor] = None
+    indexer_k_norm: Optional[Tensor] = None    # DeepSeek sparse attention's lightning indexer
+    indexer_k_norm_b: Optional[Tensor] = None
+    indexer_proj: Optional[Tensor] = None
+    indexer_attn_k: Optional[Tensor] = None
+    indexer_attn_q_b: Optional[Tensor] = None
     wqkv_gate: Optional[Tensor] = None         # recurrent layers: gated delta net, Mamba-2, short conv
     ssm_in: Optional[Tensor] = None
     ssm_conv1d: Optional[Tensor] = None

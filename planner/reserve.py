@@ -15,6 +15,7 @@ from .download import read_model_header
 from .graph import GraphContext, Ubatch
 from .hparams import LLAMA_SWA_TYPE_NONE, HParams
 from .kv_cache import KVCache, create_kv_cache
+from .kv_cache_dsa import KVCacheDSA, create_kv_cache_dsa
 from .kv_cache_iswa import KVCacheISWA, create_kv_cache_iswa
 from .memory_recurrent import MemoryHybrid, MemoryRecurrent, create_memory_recurrent
 from .model import Model, load_hparams, load_tensors
@@ -60,7 +61,7 @@ class Context:
     cparams: CParams
     devices: Devices
     model: Model
-    kv: Union[KVCache, KVCacheISWA, MemoryRecurrent, MemoryHybrid]
+    kv: Union[KVCache, KVCacheISWA, KVCacheDSA, MemoryRecurrent, MemoryHybrid]
     sched: Sched
     output_buffer_size: int
 
@@ -84,12 +85,13 @@ RECURRENT_ARCHS = frozenset({"mamba2"})
 HYBRID_ARCHS = frozenset({"granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next", "qwen35", "qwen35moe"})
 
 
-def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, KVCacheISWA, MemoryRecurrent,
-                                                                      MemoryHybrid]:
+def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, KVCacheISWA, KVCacheDSA,
+                                                                      MemoryRecurrent, MemoryHybrid]:
     """llama_model::create_memory: llama_memory_recurrent (r/s states in f32, one cell per
     sequence, n_rs_seq 0 as llama_context_default_params leaves it), llama_memory_hybrid (the
     attention layers in a llama_kv_cache, the recurrent ones in recurrent state, by the arch's
-    layer filters), llama_kv_cache, or llama_kv_cache_iswa when the model has sliding-window layers."""
+    layer filters), llama_kv_cache_dsa for DeepSeek sparse attention, llama_kv_cache, or
+    llama_kv_cache_iswa when the model has sliding-window layers."""
     def kv_buft(il: int):
         # the layer's device buffer type with offload_kqv, else the CPU buffer type
         return devices.layer_backend[il].buft if cp.offload_kqv else devices.cpu.buft
@@ -117,6 +119,9 @@ def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, 
                                                           filter_recr))
     # with NextN layers (and a trunk) the main context's cache holds the trunk's layers only
     def trunk(il): return il < hp.n_layer
+    if hp.arch == "deepseek32":
+        # llama_kv_cache_dsa: the MLA cache, and the indexer's of the trunk layers
+        return create_kv_cache_dsa(hp, cp, v_trans, kv_buft, trunk if hp.n_layer_nextn > 0 else None, trunk)
     layer_filter = trunk if hp.n_layer_nextn > 0 and hp.n_layer > 0 else None
     if hp.swa_type != LLAMA_SWA_TYPE_NONE:
         return create_kv_cache_iswa(hp, cp, v_trans, kv_buft, layer_filter)

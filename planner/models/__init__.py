@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 ARCHS = {
     "bailingmoe2": "bailingmoe2",
     "deepseek2": "deepseek2",
+    "deepseek32": "deepseek32",
     "dots1": "dots1",
     "ernie4_5-moe": "ernie4_5_moe",
     "gemma2": "gemma2",

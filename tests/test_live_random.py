@@ -79,7 +79,8 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-smollm3", "tiny-mistral3", "tiny-mixtral", "tiny-gpt-oss", "tiny-deepseek3", "tiny-qwen35",
                "tiny-qwen35moe", "tiny-qwen3next", "tiny-lfm2", "tiny-mamba2", "tiny-granitehybrid", "tiny-nemotron-h",
                "tiny-glm4moe", "tiny-llama4", "tiny-granitemoe", "tiny-ernie4_5-moe",
-               "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe", "tiny-qwen3vl", "tiny-qwen3vlmoe"]
+               "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe", "tiny-qwen3vl", "tiny-qwen3vlmoe",
+               "tiny-deepseek32"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h"}
 
 
@@ -89,8 +90,10 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
     arch = md["general.architecture"]
     p = arch + "."
     if arch not in FIXED_LAYOUT:
-        # glm4moe's and bailingmoe2's last block is their multi-token-prediction block: at least one more runs
-        md[p + "block_count"] = rng.choice([2, 3, 5, 7] if arch in ("glm4moe", "bailingmoe2") else [1, 2, 3, 5, 7])
+        # glm4moe's, bailingmoe2's and deepseek32's last block is their multi-token-prediction block: at least
+        # one more runs
+        md[p + "block_count"] = rng.choice([2, 3, 5, 7] if arch in ("glm4moe", "bailingmoe2", "deepseek32")
+                                           else [1, 2, 3, 5, 7])
     if p + "attention.sliding_window" in md:
         md[p + "attention.sliding_window"] = rng.choice([32, 64, 128, 512, 1000])
     if arch == "gemma3":
@@ -108,9 +111,13 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
         md[p + "interleave_moe_layer_step"] = rng.choice([0, 1, 2, 3])
     if arch in ("qwen3vl", "qwen3vlmoe"):   # as many deepstack layers as blocks, or more, too
         md[p + "n_deepstack_layers"] = rng.choice([0, 1, 2, 3, 5])
-    if arch == "deepseek2":
+    if arch in ("deepseek2", "deepseek32"):
         md[p + "leading_dense_block_count"] = rng.choice([0, 1])
         md[p + "expert_group_count"], md[p + "expert_group_used_count"] = rng.choice([(4, 2), (2, 1)])
+    if arch == "deepseek32":   # the indexer: its heads, key length (a power of two) and top-k around n_kv
+        md[p + "attention.indexer.head_count"] = rng.choice([1, 4, 8])
+        md[p + "attention.indexer.key_length"] = rng.choice([64, 128])
+        md[p + "attention.indexer.top_k"] = rng.choice([16, 768, 8192])
     md["general.name"] = cfg["name"] = name
     return cfg
 

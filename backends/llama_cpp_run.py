@@ -40,6 +40,7 @@ from typing import Optional
 from ..planner import LLAMA_CPP_COMMIT
 from ..planner.ggml import type_by_name
 from ..planner.params import KV_TYPES, Params
+from ..planner.reserve import RESERVE_PP_ONE_SEQ_ARCHS
 
 SCHEMA = "schedplan.reserve/1"
 MiB = 1024 * 1024
@@ -729,7 +730,7 @@ def _unreplayable(result: dict) -> Optional[str]:
     """Why no real decode can reproduce the reserve's pp ubatch, if none can: graph_reserve rounds
     n_tokens up to a multiple of n_seq_max (C:2528), and a decode splits a batch into ubatches of
     at most n_ubatch tokens, so a rounded-up ubatch larger than n_ubatch is never computed."""
-    n_tokens, n_ubatch = result["graphs"]["pp"]["n_tokens"], result["params"]["n_ubatch"]
+    n_tokens, n_ubatch = _final_pp_ubatch(result)[0], result["params"]["n_ubatch"]
     if n_tokens > n_ubatch:
         return (f"the pp reservation has {n_tokens} tokens (rounded up to a multiple of "
                 f"n_seq_max {result['params']['n_seq_max']}), more than n_ubatch {n_ubatch}: no decode "
@@ -737,11 +738,21 @@ def _unreplayable(result: dict) -> Optional[str]:
     return None
 
 
+def _final_pp_ubatch(result: dict) -> tuple[int, int]:
+    """(n_tokens, n_seqs) of sched_reserve's last pp reservation, whose offsets a decode reuses: the
+    first pp's, or one sequence of min(n_ctx, n_ubatch) tokens for the architectures that reserve
+    it so (RESERVE_PP_ONE_SEQ_ARCHS, llama-context.cpp:714)."""
+    if result["model"]["arch"] in RESERVE_PP_ONE_SEQ_ARCHS:
+        return min(result["params"]["n_ctx"], result["params"]["n_ubatch"]), 1
+    return result["graphs"]["pp"]["n_tokens"], result["graphs"]["pp"]["n_seqs"]
+
+
 def _decode_reserve_ubatch(llama_cpp, ctx, result: dict) -> None:
     """Decode the reserve's pp ubatch for real: n_tokens = min(n_ctx, n_ubatch) tokens, every one
     with logits (n_outputs = n_tokens, as the reserve's n_outputs_pp when n_outputs_max >= n_tokens),
-    split evenly over the n_seq_max sequences (seq s: positions 0..n_tokens/n_seq_max-1) as
-    balloc.ubatch_reserve lays them out; with one sequence: seq 0, positions 0..n_tokens-1.
+    split evenly over the reservation's sequences (_final_pp_ubatch; seq s: positions
+    0..n_tokens/n_seqs-1) as balloc.ubatch_reserve lays them out; with one sequence: seq 0,
+    positions 0..n_tokens-1.
 
     This decode reuses the offsets of the final pp reservation: ggml_gallocr_alloc_graph only
     re-plans when ggml_gallocr_needs_realloc finds a different node/leaf count or a tensor larger than
@@ -749,8 +760,7 @@ def _decode_reserve_ubatch(llama_cpp, ctx, result: dict) -> None:
     views, kq, ...) are smaller here than at reserve time (n_kv = the used cells, padded, instead of
     the whole cache), so they fit their slots; their "size" is the decode's, not the reserve's.
     """
-    pp = result["graphs"]["pp"]
-    n_tokens, n_seqs = pp["n_tokens"], pp["n_seqs"]
+    n_tokens, n_seqs = _final_pp_ubatch(result)
     per_seq = n_tokens // n_seqs
     n_vocab = result["model"]["n_vocab"]
     batch = llama_cpp.llama_batch_init(n_tokens, 0, 1)

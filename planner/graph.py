@@ -84,8 +84,8 @@ class RSInput:
 
 @dataclass
 class MemHybridInput:
-    """llm_graph_input_mem_hybrid"""
-    attn: AttnInput
+    """llm_graph_input_mem_hybrid (llm_graph_input_mem_hybrid_k: attn is K-only)"""
+    attn: Union[AttnInput, AttnInputK]
     rs: RSInput
 
 
@@ -204,6 +204,13 @@ class GraphContext:
         """build_inp_mem_hybrid: the recurrent state's inputs, then the KV cache's."""
         rs = self._rs_inp(self.kv.recr)
         return MemHybridInput(self._attn_inp(self.kv.attn), rs)
+
+    def build_inp_mem_hybrid_k(self) -> MemHybridInput:
+        """build_inp_mem_hybrid_k: the recurrent state's inputs, then the K-only cache's (MLA)."""
+        rs = self._rs_inp(self.kv.recr)
+        kv = self.kv.attn
+        return MemHybridInput(AttnInputK(kv, kv.build_input_k_idxs(self.ubatch.n_tokens),
+                                         self.build_attn_inp_kq_mask(kv)), rs)
 
     def _rs_inp(self, mem: MemoryRecurrent) -> RSInput:
         """build_rs_inp_impl"""

@@ -91,6 +91,7 @@ class HParams:
     ssm_n_group: int = 0
     ssm_dt_b_c_rms: bool = False
     n_shortconv_l_cache: int = 0
+    n_embd_head_kda: int = 0               # kimi-linear: the KDA layers' head size (kda.head_dim)
     is_recr_arr: tuple[bool, ...] = ()
     rope_pattern: tuple[bool, ...] = ()     # granite: rope.scaling.finetuned switches rope per layer
     # nemotron_h: a non-recurrent layer is attention-only (no FFN size) or FFN-only (no KV heads)
@@ -159,11 +160,16 @@ class HParams:
         """llama_hparams::n_embd_r: a recurrent layer's conv state (LFM2: its short conv's cache)."""
         if self.n_shortconv_l_cache != 0:
             return self.n_embd * (self.n_shortconv_l_cache - 1)
+        if self.n_embd_head_kda != 0:
+            # Kimi KDA: the Q, K and V short convolutions' states
+            return 3 * (self.ssm_d_conv - 1 if self.ssm_d_conv > 0 else 3) * self.n_head() * self.n_embd_head_kda
         d_conv = self.ssm_d_conv - 1 if self.ssm_d_conv > 0 else 0
         return d_conv * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
 
     def n_embd_s(self) -> int:
-        """llama_hparams::n_embd_s: a recurrent layer's SSM state."""
+        """llama_hparams::n_embd_s: a recurrent layer's SSM state (Kimi KDA: head x head per head)."""
+        if self.n_embd_head_kda != 0:
+            return self.n_embd_head_kda * self.n_embd_head_kda * self.n_head()
         return self.ssm_d_state * self.ssm_d_inner
 
     def n_embd_inp(self) -> int:

@@ -98,6 +98,14 @@ class Layer:
     shortconv_conv: Optional[Tensor] = None
     shortconv_in_proj: Optional[Tensor] = None
     shortconv_out_proj: Optional[Tensor] = None
+    ssm_q_conv: Optional[Tensor] = None        # kimi-linear's KDA: Q/K/V short convolutions, gates, output norm
+    ssm_k_conv: Optional[Tensor] = None
+    ssm_v_conv: Optional[Tensor] = None
+    ssm_f_a: Optional[Tensor] = None
+    ssm_f_b: Optional[Tensor] = None
+    ssm_g_a: Optional[Tensor] = None
+    ssm_g_b: Optional[Tensor] = None
+    ssm_o_norm: Optional[Tensor] = None
 
 
 @dataclass

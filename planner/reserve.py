@@ -82,7 +82,11 @@ def create_context(model_path: str, params: Params) -> Context:
 
 # llm_arch_is_recurrent, llm_arch_is_hybrid (src/llama-arch.cpp), for the planned architectures
 RECURRENT_ARCHS = frozenset({"mamba2"})
-HYBRID_ARCHS = frozenset({"granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next", "qwen35", "qwen35moe"})
+HYBRID_ARCHS = frozenset({"granitehybrid", "kimi-linear", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next", "qwen35", "qwen35moe"})
+
+
+# the architectures whose final pp reserve runs one sequence (sched_reserve's switch on model.arch)
+RESERVE_PP_ONE_SEQ_ARCHS = frozenset({"kimi-linear"})
 
 
 def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, KVCacheISWA, KVCacheDSA,
@@ -210,9 +214,14 @@ def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     pp_reserved = ctx.sched.reservation()
     stats["tg"] = _reserve_stats(ctx, n_seqs, n_seqs, n_seqs)
     stats["tg"].peaks = graph_peaks(ctx)
-    # pp again, the final reservation: llama.cpp builds the pp graph anew, the same graph, which
-    # splits and lays out as the first did; only the buffer check can differ (tests/test_sched.py)
-    ctx.sched.reserve_again(pp_reserved)
+    # pp again, the final reservation (kimi-linear's with one sequence: llama-context.cpp:714). The
+    # same ubatch as the first builds the same graph, which splits and lays out as the first did, so
+    # that reservation is taken back and only the buffer check runs (tests/test_sched.py)
+    final = (n_tokens, 1, pp[2]) if ctx.hparams.arch in RESERVE_PP_ONE_SEQ_ARCHS else pp
+    if final == pp:
+        ctx.sched.reserve_again(pp_reserved)
+    else:
+        graph_reserve(ctx, *final)
     stats["pp"].peaks = graph_peaks(ctx)
     return stats
 

@@ -25,6 +25,7 @@ ARCHS = {
     "lfm2": "lfm2",
     "lfm2moe": "lfm2moe",
     "hunyuan-moe": "hunyuan_moe",
+    "kimi-linear": "kimi_linear",
     "llama": "llama",
     "llama4": "llama4",
     "mamba2": "mamba2",

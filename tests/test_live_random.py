@@ -80,8 +80,8 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-qwen35moe", "tiny-qwen3next", "tiny-lfm2", "tiny-mamba2", "tiny-granitehybrid", "tiny-nemotron-h",
                "tiny-glm4moe", "tiny-llama4", "tiny-granitemoe", "tiny-ernie4_5-moe",
                "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe", "tiny-qwen3vl", "tiny-qwen3vlmoe",
-               "tiny-deepseek32"]
-FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h"}
+               "tiny-deepseek32", "tiny-kimi-linear"]
+FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear"}
 
 
 def random_arch_config(rng: random.Random, name: str) -> dict:
@@ -102,7 +102,10 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
                 "dots1", "hunyuan-moe", "qwen3vlmoe"):
         md[p + "expert_count"] = rng.choice([4, 8, 16])
         md[p + "expert_used_count"] = rng.choice([1, 2, 4])
-    if arch in ("glm4moe", "bailingmoe2", "dots1"):
+    if arch == "kimi-linear":
+        md[p + "expert_count"] = rng.choice([4, 8, 16])
+        md[p + "expert_used_count"] = rng.choice([1, 2, 4])
+    if arch in ("glm4moe", "bailingmoe2", "dots1", "kimi-linear"):
         md[p + "leading_dense_block_count"] = rng.choice([0, 1])
     if arch == "ernie4_5-moe":
         md[p + "leading_dense_block_count"] = rng.choice([0, 1])

@@ -283,6 +283,9 @@ def get_rows(a: Tensor, b: Tensor) -> Tensor:
 
 def set_rows(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     """ggml_set_rows: a view of the destination a; src order b, c, a (legacy)."""
+    if a.ne[0] != b.ne[0]:   # ggml.c GGML_ASSERT(a->ne[0] == b->ne[0]): e.g. a K row unlike the cache's
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c GGML_ASSERT(a->ne[0] == b->ne[0])): rows of {b.ne[0]} "
+                        f"values from '{b.name}' set into '{a.name}', whose rows hold {a.ne[0]}")
     return _op(view_tensor(a), "SET_ROWS", [b, c, a])
 
 

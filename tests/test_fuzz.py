@@ -170,6 +170,14 @@ def reserve(*args):
     # names and values from the file stay on the line
     ("tiny-llama", {"general.architecture": (STR, b"lla\nma\x00" + b"x" * 5000)}, (), ("lla\\nma\\x00", "characters")),
     ("tiny-llama", {"llama.rope.scaling.type": (STR, b"y" * 10**6)}, (), ("rope.scaling.type", "1000000 characters")),
+    # kimi-linear: a K row (kv_lora_rank + rope) unlike the cache's (key_length x head_count_kv) is
+    # ggml_set_rows' assert; MLA layers without MLA head sizes have MHA-sized Q (or, sized alike, read a
+    # null cache input: a crash)
+    ("tiny-kimi-linear", {"kimi-linear.attention.key_length": (U32, 96)}, (), ("a->ne[0] == b->ne[0]", "hold 96")),
+    ("tiny-kimi-linear", {"kimi-linear.attention.value_length_mla": (U32, 0)}, (), ("attn_q.weight' has wrong shape",)),
+    ("tiny-kimi-linear", {"kimi-linear.attention.value_length_mla": (U32, 0), "kimi-linear.attention.key_length": (U32, 64),
+                          "kimi-linear.attention.value_length": (U32, 32)}, (), ("blk.1", "null pointer")),
+    ("tiny-kimi-linear", {"kimi-linear.kda.head_dim": (U32, 0)}, (), ("kda.head_dim is 0",)),
 ])
 def test_hostile_values_are_one_line(tmp_path, name, changes, args, needles):
     assert_cli_error(reserve(_damaged(tmp_path, name, changes), *args), *needles)

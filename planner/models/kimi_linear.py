@@ -131,6 +131,9 @@ def load_mla_tensors(c: TensorCreator, layer: Layer, i: int) -> None:
                       "MHA cache input its K-only cache does not build (a null pointer)")
         c.ml.fail(f"blk.{i}.attn_kv_b.weight: the unsplit MLA decompression (MHA over a K/V cache) of "
                   "kimi-linear is not planned yet (reconvert for attn_k_b and attn_v_b)")
+    if not hp.is_mla():
+        c.ml.fail(f"blk.{i} is an MLA layer but key_length_mla or value_length_mla is 0: llama.cpp's graph "
+                  "would read the K-only cache input its KV cache does not build (a null pointer)")
     layer.wk_b = c.create_tensor(tn("ATTN_K_B", "weight", i), (n_embd_head_k_mla - qk_rope_head_dim, kv_lora_rank, n_head))
     layer.wv_b = c.create_tensor(tn("ATTN_V_B", "weight", i), (kv_lora_rank, n_embd_head_v_mla, n_head))
     layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_head * n_embd_head_v_mla, n_embd))
@@ -141,7 +144,7 @@ def build(g: GraphContext) -> None:
     model, hp = g.model, g.hparams
     inp_l = g.build_inp_embd(model.tok_embd)
     g.cb(inp_l, "model.embed_tokens", -1)
-    inp = g.build_inp_mem_hybrid_k()    # is_mla(): load_arch_hparams reads both MLA head sizes
+    inp = g.build_inp_mem_hybrid_k() if hp.is_mla() else g.build_inp_mem_hybrid()
     inp_out_ids = g.build_inp_out_ids()
 
     for il, layer in enumerate(model.layers):

@@ -538,16 +538,21 @@ class GraphContext:
         iswa = isinstance(inp, AttnInputISWA)
         if iswa:
             inp = inp.swa if self.hparams.is_swa(il) else inp.base
+        # k_cur and v_cur are None where the layer reads another layer's K/V (gemma4's shared KV)
         if inp.k_rot is not None:
             q_cur = mul_mat_hadamard(q_cur, inp.k_rot)
-            k_cur = mul_mat_hadamard(k_cur, inp.k_rot)
-        if inp.v_rot is not None:
+            if k_cur is not None:
+                k_cur = mul_mat_hadamard(k_cur, inp.k_rot)
+        if inp.v_rot is not None and v_cur is not None:
             v_cur = mul_mat_hadamard(v_cur, inp.v_rot)
         for t in (q_cur, k_cur, v_cur) if iswa else (q_cur, v_cur, k_cur):
-            ggml.build_forward_expand(self.gf, t)
+            if t is not None:
+                ggml.build_forward_expand(self.gf, t)
         kv = inp.kv
-        ggml.build_forward_expand(self.gf, kv.cpy_k(k_cur, inp.k_idxs, il))
-        ggml.build_forward_expand(self.gf, kv.cpy_v(v_cur, inp.v_idxs, il))
+        if k_cur is not None:
+            ggml.build_forward_expand(self.gf, kv.cpy_k(k_cur, inp.k_idxs, il))
+        if v_cur is not None:
+            ggml.build_forward_expand(self.gf, kv.cpy_v(v_cur, inp.v_idxs, il))
         cur = self.build_attn_mha(q_cur, kv.get_k(il), kv.get_v(il), inp.kq_mask, kq_scale, il, sinks)
         self.cb(cur, "kqv_out", il)
         if inp.v_rot is not None:

@@ -103,6 +103,8 @@ class HParams:
     moe_latent_size: int = 0               # nemotron_h_moe: experts work in a smaller latent space
     rope_sections: tuple[int, ...] = (0, 0, 0, 0)
     n_deepstack_layers: int = 0            # qwen3vl(moe): the input rows carry this many extra n_embd blocks
+    n_layer_kv_from_start: int = -1        # gemma4: if non-negative, only the first n layers have their own K/V
+    n_embd_per_layer: int = 0              # gemma4: per-layer token embeddings (E2B/E4B)
 
     # --- per-layer accessors (llama-hparams.cpp) --------------------------------------------------
 
@@ -152,6 +154,10 @@ class HParams:
 
     def has_ffn(self, il: int) -> bool:
         return not (self.attn_only_arr and self.attn_only_arr[il])
+
+    def has_kv(self, il: int) -> bool:
+        """llama_hparams::has_kv: the later layers may reuse an earlier layer's K/V (gemma4)"""
+        return self.n_layer_kv_from_start < 0 or il < self.n_layer_kv_from_start
 
     def has_rope(self, il: int) -> bool:
         return not self.rope_pattern or self.rope_pattern[il]

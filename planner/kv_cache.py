@@ -7,7 +7,7 @@ from typing import Optional
 from ..backends.types import BufferType
 from . import ggml
 from .gallocr import alloc_ctx_tensors
-from .ggml import Buffer, Tensor
+from .ggml import Buffer, GGMLAbort, Tensor
 from .hparams import HParams
 
 
@@ -84,6 +84,8 @@ class KVCache:
             v_cur = ggml.reshape(v_cur, n_embd_gqa, n_tokens)
         else:
             v_cur = ggml.cont(v_cur, n_embd_gqa, n_tokens)
+        if n_embd_gqa < v.ne[0]:   # [TAG_V_CACHE_VARIABLE]: padded to the widest layer
+            v_cur = ggml.pad(v_cur, v.ne[0] - n_embd_gqa, 0, 0, 0)
         v_view = ggml.reshape(v, 1, v.nelements())
         v_cur = ggml.reshape(v_cur, 1, v_cur.nelements())
         return ggml.set_rows(v_view, v_cur, v_idxs)
@@ -124,9 +126,10 @@ class KVCache:
 
 
 def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_size: int, n_seq_max: int,
-                    unified: bool, buft_for_layer, layer_filter=None) -> KVCache:
-    """llama_kv_cache::llama_kv_cache: one K and one V tensor per layer that passes the filter,
-    one buffer per buffer type.
+                    unified: bool, buft_for_layer, layer_filter=None, reuse=None) -> KVCache:
+    """llama_kv_cache::llama_kv_cache: one K and one V tensor per layer that has its own K/V
+    (hparams.has_kv) and passes the filter, one buffer per buffer type; `reuse(il)` (the layer whose
+    K/V a layer reads, or -1) maps the other layers onto those of earlier ones.
 
     `buft_for_layer(il)` gives the layer's BufferType (the device of the layer, or CPU without offload).
     Buffers come from gallocr.alloc_ctx_tensors (ggml_backend_alloc_ctx_tensors_from_buft), one per
@@ -138,7 +141,7 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
     n_embd_head_k_all = n_embd_head_v_all = 0
     is_mla = hp.is_mla()
     for il in range(hp.n_layer_all):    # the NextN layers too, unless the filter drops them
-        if layer_filter is not None and not layer_filter(il):
+        if not hp.has_kv(il) or (layer_filter is not None and not layer_filter(il)):
             continue
         if n_embd_head_k_all == 0:
             n_embd_head_k_all = hp.n_embd_head_k(il)
@@ -160,6 +163,15 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
         layers[il] = KVLayer(il, k, v)
         buft = buft_for_layer(il)
         by_buft.setdefault(buft.name, (buft, []))[1].extend(t for t in (k, v) if t is not None)
+    if reuse is not None:
+        for il in range(hp.n_layer_all):
+            il_reuse = reuse(il)
+            if il_reuse < 0 or (layer_filter is not None and not layer_filter(il)):
+                continue
+            if il_reuse not in layers:
+                raise GGMLAbort(f"llama.cpp would abort creating the KV cache (llama-kv-cache.cpp GGML_ASSERT): layer "
+                                f"{il} reuses the K/V of layer {il_reuse}, which this cache does not hold")
+            layers[il] = layers[il_reuse]
     cache = KVCache(hp, type_k, type_v, v_trans, kv_size, n_stream, layers, n_embd_head_k_all=n_embd_head_k_all)
     for name in sorted(by_buft):
         buft, tensors = by_buft[name]

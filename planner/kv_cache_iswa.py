@@ -30,8 +30,9 @@ def swa_size(hp: HParams, cp: CParams) -> int:
     return pad(min(cp.n_ctx_seq, hp.n_swa * (cp.n_seq_max if cp.kv_unified else 1) + cp.n_ubatch), 256)
 
 
-def create_kv_cache_iswa(hp: HParams, cp: CParams, v_trans: bool, buft_for_layer, layer_filter=None) -> KVCacheISWA:
+def create_kv_cache_iswa(hp: HParams, cp: CParams, v_trans: bool, buft_for_layer, layer_filter=None,
+                         reuse=None) -> KVCacheISWA:
     def cache(size: int, swa: bool) -> KVCache:
         return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, size, cp.n_seq_max, cp.kv_unified, buft_for_layer,
-                               lambda il: hp.is_swa(il) == swa and (layer_filter is None or layer_filter(il)))
+                               lambda il: hp.is_swa(il) == swa and (layer_filter is None or layer_filter(il)), reuse)
     return KVCacheISWA(cache(cp.n_ctx_seq, False), cache(swa_size(hp, cp), True))

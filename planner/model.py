@@ -106,6 +106,14 @@ class Layer:
     ssm_g_a: Optional[Tensor] = None
     ssm_g_b: Optional[Tensor] = None
     ssm_o_norm: Optional[Tensor] = None
+    ffn_gate_inp_s: Optional[Tensor] = None    # gemma4: the router's input scale, its expert and dense FFN norms
+    ffn_pre_norm_2: Optional[Tensor] = None
+    ffn_post_norm_1: Optional[Tensor] = None
+    ffn_post_norm_2: Optional[Tensor] = None
+    out_scale: Optional[Tensor] = None
+    per_layer_inp_gate: Optional[Tensor] = None   # per-layer token embeddings (gemma4 E2B/E4B)
+    per_layer_proj: Optional[Tensor] = None
+    per_layer_post_norm: Optional[Tensor] = None
 
 
 @dataclass
@@ -116,6 +124,9 @@ class Model:
     output_norm_b: Optional[Tensor] = None
     output: Optional[Tensor] = None
     output_b: Optional[Tensor] = None
+    per_layer_tok_embd: Optional[Tensor] = None     # gemma4 E2B/E4B
+    per_layer_model_proj: Optional[Tensor] = None
+    per_layer_proj_norm: Optional[Tensor] = None
     layers: list[Layer] = field(default_factory=list)         # the n_layer layers the graph runs
     layers_nextn: list[Layer] = field(default_factory=list)   # layers[n_layer:n_layer_all] in llama.cpp
     buffers: list[Buffer] = field(default_factory=list)   # in creation order

@@ -12,6 +12,7 @@ from . import LLAMA_CPP_COMMIT, ggml, models
 from .cparams import BadParams, CParams, derive_cparams
 from .devices import Devices, plan_devices, weight_placement
 from .download import read_model_header
+from .ggml import GGMLAbort
 from .graph import GraphContext, Ubatch
 from .hparams import LLAMA_SWA_TYPE_NONE, HParams
 from .kv_cache import KVCache, create_kv_cache
@@ -127,8 +128,21 @@ def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, 
         # llama_kv_cache_dsa: the MLA cache, and the indexer's of the trunk layers
         return create_kv_cache_dsa(hp, cp, v_trans, kv_buft, trunk if hp.n_layer_nextn > 0 else None, trunk)
     layer_filter = trunk if hp.n_layer_nextn > 0 and hp.n_layer > 0 else None
+    reuse = None
+    if hp.arch == "gemma4":
+        def reuse(il: int) -> int:
+            # the layers past n_layer_kv_from_start read the K/V of the last earlier layer of their kind
+            if hp.n_layer_kv_from_start < 2:
+                raise GGMLAbort(f"llama.cpp would abort creating the KV cache (llama-model.cpp GGML_ASSERT("
+                                f"n_layer_kv_from_start >= 2)): {hp.n_layer_kv_from_start} layers keep their own K/V")
+            if il >= hp.n_layer_kv_from_start:
+                return hp.n_layer_kv_from_start - (2 if hp.is_swa(il) else 1)
+            return -1
     if hp.swa_type != LLAMA_SWA_TYPE_NONE:
-        return create_kv_cache_iswa(hp, cp, v_trans, kv_buft, layer_filter)
+        if not hp.is_swa_any():
+            raise GGMLAbort("llama.cpp would abort creating the KV cache (llama-model.cpp GGML_ASSERT(is_swa_any())): "
+                            "sliding-window attention without a sliding-window layer")
+        return create_kv_cache_iswa(hp, cp, v_trans, kv_buft, layer_filter, reuse)
     return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, cp.n_ctx_seq, cp.n_seq_max, cp.kv_unified, kv_buft,
                            layer_filter)
 

@@ -80,7 +80,7 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-qwen35moe", "tiny-qwen3next", "tiny-lfm2", "tiny-mamba2", "tiny-granitehybrid", "tiny-nemotron-h",
                "tiny-glm4moe", "tiny-llama4", "tiny-granitemoe", "tiny-ernie4_5-moe",
                "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe", "tiny-qwen3vl", "tiny-qwen3vlmoe",
-               "tiny-deepseek32", "tiny-kimi-linear"]
+               "tiny-deepseek32", "tiny-kimi-linear", "tiny-gemma4"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear"}
 
 
@@ -98,8 +98,12 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
         md[p + "attention.sliding_window"] = rng.choice([32, 64, 128, 512, 1000])
     if arch == "gemma3":
         md[p + "attention.key_length"] = md[p + "attention.value_length"] = rng.choice([64, 128, 256])
+    if arch == "gemma4":   # the per-layer arrays follow the block count; all-dense patterns make llama.cpp abort
+        n = md[p + "block_count"]
+        md[p + "attention.sliding_window_pattern"] = [rng.random() < 0.7 for _ in range(n)]
+        md[p + "attention.head_count_kv"] = [rng.choice([1, 2]) for _ in range(n)]
     if arch in ("qwen3moe", "qwen2moe", "gpt-oss", "glm4moe", "llama4", "granitemoe", "ernie4_5-moe",
-                "dots1", "hunyuan-moe", "qwen3vlmoe"):
+                "dots1", "hunyuan-moe", "qwen3vlmoe", "gemma4"):
         md[p + "expert_count"] = rng.choice([4, 8, 16])
         md[p + "expert_used_count"] = rng.choice([1, 2, 4])
     if arch == "kimi-linear":

@@ -18,6 +18,7 @@ ARCHS = {
     "ernie4_5-moe": "ernie4_5_moe",
     "gemma2": "gemma2",
     "gemma3": "gemma3",
+    "gemma4": "gemma4",
     "glm4moe": "glm4moe",
     "gpt-oss": "openai_moe",
     "granitehybrid": "granitehybrid",

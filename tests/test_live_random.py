@@ -80,7 +80,7 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-qwen35moe", "tiny-qwen3next", "tiny-lfm2", "tiny-mamba2", "tiny-granitehybrid", "tiny-nemotron-h",
                "tiny-glm4moe", "tiny-llama4", "tiny-granitemoe", "tiny-ernie4_5-moe",
                "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe", "tiny-qwen3vl", "tiny-qwen3vlmoe",
-               "tiny-deepseek32", "tiny-kimi-linear", "tiny-gemma4"]
+               "tiny-deepseek32", "tiny-kimi-linear", "tiny-gemma4", "tiny-gemma4-e2b"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear"}
 
 
@@ -100,10 +100,23 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
         md[p + "attention.key_length"] = md[p + "attention.value_length"] = rng.choice([64, 128, 256])
     if arch == "gemma4":   # the per-layer arrays follow the block count; all-dense patterns make llama.cpp abort
         n = md[p + "block_count"]
-        md[p + "attention.sliding_window_pattern"] = [rng.random() < 0.7 for _ in range(n)]
-        md[p + "attention.head_count_kv"] = [rng.choice([1, 2]) for _ in range(n)]
+        swa = [rng.random() < 0.7 for _ in range(n)]
+        n_head_kv = [rng.choice([1, 2]) for _ in range(n)]
+        if isinstance(md[p + "feed_forward_length"], list):
+            md[p + "feed_forward_length"] = [rng.choice([256, 512, 1024]) for _ in range(n)]
+        if p + "attention.shared_kv_layers" in md:
+            n_kept = n - rng.randrange(n)
+            md[p + "attention.shared_kv_layers"] = n - n_kept
+            # llama.cpp aborts unless the last two kept layers are a sliding and a full one whose K/V
+            # fit the layers that reuse them: mostly so, sometimes not
+            if n_kept >= 2 and rng.random() < 0.8:
+                swa[n_kept - 2], swa[n_kept - 1] = True, False
+                for il in range(n_kept, n):
+                    n_head_kv[il] = n_head_kv[n_kept - 2 if swa[il] else n_kept - 1]
+        md[p + "attention.sliding_window_pattern"] = swa
+        md[p + "attention.head_count_kv"] = n_head_kv
     if arch in ("qwen3moe", "qwen2moe", "gpt-oss", "glm4moe", "llama4", "granitemoe", "ernie4_5-moe",
-                "dots1", "hunyuan-moe", "qwen3vlmoe", "gemma4"):
+                "dots1", "hunyuan-moe", "qwen3vlmoe") or arch == "gemma4" and p + "expert_count" in md:
         md[p + "expert_count"] = rng.choice([4, 8, 16])
         md[p + "expert_used_count"] = rng.choice([1, 2, 4])
     if arch == "kimi-linear":

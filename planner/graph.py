@@ -264,6 +264,16 @@ class GraphContext:
     def build_lora_mm(self, w: Tensor, cur: Tensor) -> Tensor:
         return ggml.mul_mat(w, cur)
 
+    def build_lora_mm_id(self, w: Tensor, cur: Tensor, ids: Tensor, w_s: Optional[Tensor] = None) -> Tensor:
+        """build_lora_mm_id: MUL_MAT_ID, times the selected experts' scales where w_s is given."""
+        res = ggml.mul_mat_id(w, cur, ids)
+        if w_s is not None:
+            n_expert = w_s.ne[0]
+            s = ggml.reshape(w_s, 1, n_expert, 1)
+            s = ggml.repeat_4d(s, 1, n_expert, cur.ne[2], 1)
+            res = ggml.mul(res, ggml.get_rows(s, ids))
+        return res
+
     def build_norm(self, cur: Tensor, mw: Optional[Tensor], mb: Optional[Tensor], type_: str, il: int) -> Tensor:
         """build_norm with LLM_NORM or LLM_NORM_RMS"""
         if type_ == LLM_NORM:
@@ -376,7 +386,8 @@ class GraphContext:
                       type_op: str, norm_w: bool, w_scale: float, gating_op: str, il: int,
                       gate_inp_b: Optional[Tensor] = None, up_exps_b: Optional[Tensor] = None,
                       gate_exps_b: Optional[Tensor] = None, down_exps_b: Optional[Tensor] = None,
-                      gate_up_exps: Optional[Tensor] = None, probs_in: Optional[Tensor] = None) -> Tensor:
+                      gate_up_exps: Optional[Tensor] = None, probs_in: Optional[Tensor] = None,
+                      down_exps_s: Optional[Tensor] = None) -> Tensor:
         """build_moe_ffn: router logits (or the caller's, probs_in), gating, top-k experts, their
         weights, the experts' FFN by MUL_MAT_ID, weighting (of the output; of the input for llama4),
         then one view per used expert summed."""
@@ -471,8 +482,10 @@ class GraphContext:
         else:
             cur = self.build_ffn_act(cur, up if has_gate else None, type_op, "ffn_moe", il)
 
-        experts = ggml.mul_mat_id(down_exps, cur, selected)
+        experts = self.build_lora_mm_id(down_exps, cur, selected, down_exps_s)
         self.cb(experts, "ffn_moe_down", il)
+        if down_exps_s is not None:
+            self.cb(experts, "ffn_moe_down_scaled", il)
         if down_exps_b is not None:
             experts = ggml.add_id(experts, down_exps_b, selected)
             self.cb(experts, "ffn_moe_down_biased", il)

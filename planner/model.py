@@ -106,6 +106,7 @@ class Layer:
     ssm_g_a: Optional[Tensor] = None
     ssm_g_b: Optional[Tensor] = None
     ssm_o_norm: Optional[Tensor] = None
+    ffn_down_exps_s: Optional[Tensor] = None   # per-expert output scales (llama_model_base's generic ".scale" pass)
     ffn_gate_inp_s: Optional[Tensor] = None    # gemma4: the router's input scale, its expert and dense FFN norms
     ffn_pre_norm_2: Optional[Tensor] = None
     ffn_post_norm_1: Optional[Tensor] = None

@@ -118,6 +118,13 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
             layer.per_layer_proj = c.create_tensor(tn("PER_LAYER_PROJ", "weight", i), (n_embd_per_layer, n_embd))
             layer.per_layer_post_norm = c.create_tensor(tn("PER_LAYER_POST_NORM", "weight", i), (n_embd,))
 
+    # llama_model_base::load_tensors' generic pass over the optional ".scale" tensors, after every
+    # layer's own: of those, the converter writes the experts' down scales (router.per_expert_scale);
+    # the others (NVFP4 checkpoints) are not planned and leave a file with them over-counted
+    for i, layer in enumerate(model.layers):
+        if layer.ffn_down_exps is not None:
+            layer.ffn_down_exps_s = c.create_tensor(tn("FFN_DOWN_EXPS", "scale", i), (n_expert,), TENSOR_NOT_REQUIRED)
+
 
 # llama_model_loader::lazy_read::add under LLAMA_LAZY_MODE_AUTO (llama_model_default_params)
 LAZY_AUTO_MIN_SIZE = 4 << 30
@@ -220,7 +227,7 @@ def build(g: GraphContext) -> None:
             cur_moe = g.build_moe_ffn(cur_moe, None, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
                                       None, hp.n_expert, hp.n_expert_used(), LLM_FFN_GELU, True, 1.0,
                                       LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, il, probs_in=logits,
-                                      gate_up_exps=layer.ffn_gate_up_exps)
+                                      gate_up_exps=layer.ffn_gate_up_exps, down_exps_s=layer.ffn_down_exps_s)
             cur_moe = g.build_norm(cur_moe, layer.ffn_post_norm_2, None, LLM_NORM_RMS, il)
             g.cb(cur_moe, "ffn_moe", il)
             cur = ggml.add(cur_mlp, cur_moe)

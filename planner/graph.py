@@ -299,6 +299,9 @@ class GraphContext:
             if layer.wqkv_b is not None:
                 qkv = ggml.add(qkv, layer.wqkv_b)
                 self.cb(qkv, "wqkv_b", il)
+            if self.hparams.f_clamp_kqv > 0.0:   # DBRX's clip_qkv
+                qkv = ggml.clamp(qkv, -self.hparams.f_clamp_kqv, self.hparams.f_clamp_kqv)
+                self.cb(qkv, "wqkv_clamped", il)
             n_embd_q, n_embd_k = n_embd_head * n_head, n_embd_head * n_head_kv
             row = ggml.row_size(qkv.type, n_embd_head)
             q = ggml.view(qkv, (n_embd_head, n_head, n_tokens), (row, qkv.nb[1]), 0)
@@ -343,6 +346,9 @@ class GraphContext:
         if b is not None:
             x = ggml.add(x, b)
             self.cb(x, name, il)
+        if self.hparams.f_clamp_kqv > 0.0:
+            x = ggml.clamp(x, -self.hparams.f_clamp_kqv, self.hparams.f_clamp_kqv)
+            self.cb(x, f"{name}_clamped", il)
         return x
 
     def build_ffn(self, cur: Tensor, up: Optional[Tensor], up_b: Optional[Tensor], gate: Optional[Tensor],

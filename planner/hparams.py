@@ -64,6 +64,7 @@ class HParams:
     indexer_head_size: int = 0
     indexer_top_k: int = 0
     f_norm_eps: float = 0.0
+    f_clamp_kqv: float = 0.0
     f_norm_rms_eps: float = 0.0
     f_attention_scale: float = 0.0
     f_embedding_scale: float = 0.0

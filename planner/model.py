@@ -41,6 +41,7 @@ class Layer:
     attn_q_norm: Optional[Tensor] = None
     attn_k_norm: Optional[Tensor] = None
     attn_post_norm: Optional[Tensor] = None
+    attn_out_norm: Optional[Tensor] = None
     ffn_norm: Optional[Tensor] = None
     ffn_gate: Optional[Tensor] = None
     ffn_up: Optional[Tensor] = None

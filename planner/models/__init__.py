@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 # general.architecture -> module of this package (LLM_ARCH_NAMES)
 ARCHS = {
     "bailingmoe2": "bailingmoe2",
+    "dbrx": "dbrx",
     "deepseek": "deepseek",
     "deepseek2": "deepseek2",
     "deepseek32": "deepseek32",

@@ -576,14 +576,16 @@ def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str
     if "n_outputs_max" not in c or "kv_unified" not in c:
         raise RunError("llama.cpp's log has no llama_context parameter lines: log format changed?")
     n_outputs_max = int(c["n_outputs_max"])
-    # flash attention as resolved: "on" stays on, "off" off, "auto" follows the probe (C:507-560)
-    flash_attn = {"on": True, "off": False}.get(params.flash_attn)
-    if flash_attn is None:
-        # llama_init_from_model turns "auto" into "on" for a quantized V cache: then no probe runs
-        # and "llama_context: flash_attn = enabled" is the only word on it
-        flash_attn = parsed["fa_probe"] if parsed["fa_probe"] is not None else c.get("flash_attn") == "enabled"
-        if parsed["fa_probe"] is None and c.get("flash_attn") != "enabled":
+    # flash attention as resolved: "llama_context: flash_attn = ..." logs the mode llama_init_from_model
+    # left (Grok's forced off; "auto" turned "on" for a quantized V cache), and "auto" follows the probe (C:507-560)
+    if c.get("flash_attn") == "auto":
+        flash_attn = parsed["fa_probe"]
+        if flash_attn is None:
             raise RunError("no 'Flash Attention enabled/disabled' line in llama.cpp's log for -fa auto")
+    elif c.get("flash_attn") in ("enabled", "disabled"):
+        flash_attn = c["flash_attn"] == "enabled"
+    else:
+        raise RunError("no 'llama_context: flash_attn' line in llama.cpp's log: log format changed?")
     type_k, type_v = parsed["kv_types"] or (params.type_k, params.type_v)
     model_devs = shim.devices(model)
     devices = [ggml.dev_name(d).decode() for d in model_devs]

@@ -71,6 +71,8 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
     type_k = ggml.type_by_name(params.type_k)
     type_v = ggml.type_by_name(params.type_v)
     flash_attn = params.flash_attn
+    if hp.arch == "grok":   # llama_init_from_model: "flash_attn is not compatible with Grok - forcing off"
+        flash_attn = "off"
     if hp.is_mla() and type_k != type_v:   # llama_init_from_model: V is read from the K cache
         raise BadParams(f"-ctk {params.type_k} -ctv {params.type_v}: this model (multi-head latent attention) "
                         f"needs the same K and V cache types")
@@ -78,7 +80,8 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
     if ggml.is_quantized(type_v) and flash_attn != "on":
         if flash_attn == "off":
             raise BadParams(f"-ctv {params.type_v}: a quantized V cache requires flash attention, "
-                            f"but -fa is off (use -fa on or -fa auto)")
+                            + ("which llama.cpp turns off for Grok" if hp.arch == "grok"
+                               else "but -fa is off (use -fa on or -fa auto)"))
         flash_attn = "on"
     if flash_attn != "off":
         for t, head_of, which in ((type_k, hp.n_embd_head_k, "K"), (type_v, hp.n_embd_head_v, "V")):

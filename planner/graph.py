@@ -665,6 +665,11 @@ class GraphContext:
         else:
             kq = ggml.mul_mat(k, q)
             self.cb(kq, "kq", il)
+            if hp.arch == "grok":   # attn_output_multiplier, then 30 * tanh(kq / 30) (build_attn_mha)
+                kq = ggml.unary(ggml.scale(kq, hp.f_attn_out_scale * c_reciprocal(hp.f_attn_logit_softcapping)), "TANH")
+                self.cb(kq, "kq_tanh", il)
+                kq = ggml.scale(kq, hp.f_attn_logit_softcapping)
+                self.cb(kq, "kq_scaled", il)
             if hp.attn_soft_cap:
                 kq = ggml.scale(kq, c_reciprocal(hp.f_attn_logit_softcapping))
                 self.cb(kq, "kq_scaled_1", il)

@@ -70,6 +70,7 @@ class HParams:
     f_embedding_scale: float = 0.0
     f_attn_temp_scale: float = 0.0
     f_attn_logit_softcapping: float = 50.0
+    f_attn_out_scale: float = 0.0          # grok: attention.output_scale, multiplies KQ before its tanh cap
     f_final_logit_softcapping: float = 30.0
     attn_soft_cap: bool = False
     rope_type: int = LLAMA_ROPE_TYPE_NORM

@@ -24,6 +24,7 @@ ARCHS = {
     "glm4moe": "glm4moe",
     "gpt-oss": "openai_moe",
     "granitehybrid": "granitehybrid",
+    "grok": "grok",
     "granitemoe": "granitemoe",
     "lfm2": "lfm2",
     "lfm2moe": "lfm2moe",

@@ -54,6 +54,7 @@ class Layer:
     rope_long: Optional[Tensor] = None
     rope_short: Optional[Tensor] = None
     ffn_gate_inp: Optional[Tensor] = None
+    ffn_norm_exps: Optional[Tensor] = None
     ffn_gate_inp_b: Optional[Tensor] = None
     ffn_gate_exps: Optional[Tensor] = None
     ffn_up_exps: Optional[Tensor] = None

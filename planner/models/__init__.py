@@ -50,6 +50,7 @@ ARCHS = {
     "qwen3vlmoe": "qwen3vlmoe",
     "qwen35": "qwen35",
     "qwen35moe": "qwen35moe",
+    "smallthinker": "smallthinker",
     "smollm3": "smollm3",
 }
 SUPPORTED_ARCHS = tuple(ARCHS)

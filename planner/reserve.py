@@ -143,10 +143,6 @@ def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, 
             raise GGMLAbort("llama.cpp would abort creating the KV cache (llama-model.cpp GGML_ASSERT(is_swa_any())): "
                             "sliding-window attention without a sliding-window layer")
         return create_kv_cache_iswa(hp, cp, v_trans, kv_buft, layer_filter, reuse)
-        if not hp.is_swa_any():   # llama_model::create_memory's GGML_ASSERT (e.g. one layer, dense by the pattern)
-            raise ggml.GGMLAbort("llama.cpp would abort: the model has a sliding window but no sliding-window "
-                                 "layer (GGML_ASSERT(hparams.is_swa_any()) in create_memory)")
-        return create_kv_cache_iswa(hp, cp, v_trans, kv_buft, layer_filter)
     return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, cp.n_ctx_seq, cp.n_seq_max, cp.kv_unified, kv_buft,
                            layer_filter)
 

@@ -80,7 +80,8 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-qwen35moe", "tiny-qwen3next", "tiny-lfm2", "tiny-mamba2", "tiny-granitehybrid", "tiny-nemotron-h",
                "tiny-glm4moe", "tiny-llama4", "tiny-granitemoe", "tiny-ernie4_5-moe",
                "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe", "tiny-qwen3vl", "tiny-qwen3vlmoe",
-               "tiny-deepseek32", "tiny-kimi-linear", "tiny-gemma4", "tiny-gemma4-e2b", "tiny-deepseek", "tiny-dbrx", "tiny-grok", "tiny-arctic", "tiny-smallthinker"]
+               "tiny-deepseek32", "tiny-kimi-linear", "tiny-gemma4", "tiny-gemma4-e2b", "tiny-deepseek", "tiny-dbrx",
+               "tiny-grok", "tiny-arctic", "tiny-smallthinker"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear"}
 
 
@@ -116,10 +117,8 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
         md[p + "attention.sliding_window_pattern"] = swa
         md[p + "attention.head_count_kv"] = n_head_kv
     if arch in ("qwen3moe", "qwen2moe", "gpt-oss", "glm4moe", "llama4", "granitemoe", "ernie4_5-moe",
-                "dots1", "hunyuan-moe", "qwen3vlmoe", "deepseek", "dbrx", "grok", "arctic") or arch == "gemma4" and p + "expert_count" in md:
-        md[p + "expert_count"] = rng.choice([4, 8, 16])
-        md[p + "expert_used_count"] = rng.choice([1, 2, 4])
-    if arch == "kimi-linear":
+                "dots1", "hunyuan-moe", "qwen3vlmoe", "kimi-linear", "deepseek", "dbrx", "grok", "arctic",
+                "smallthinker") or arch == "gemma4" and p + "expert_count" in md:
         md[p + "expert_count"] = rng.choice([4, 8, 16])
         md[p + "expert_used_count"] = rng.choice([1, 2, 4])
     if arch in ("glm4moe", "bailingmoe2", "dots1", "kimi-linear", "deepseek"):

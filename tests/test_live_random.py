@@ -118,7 +118,7 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
         md[p + "attention.head_count_kv"] = n_head_kv
     if arch in ("qwen3moe", "qwen2moe", "gpt-oss", "glm4moe", "llama4", "granitemoe", "ernie4_5-moe",
                 "dots1", "hunyuan-moe", "qwen3vlmoe", "kimi-linear", "deepseek", "dbrx", "grok", "arctic",
-                "smallthinker") or arch == "gemma4" and p + "expert_count" in md:
+                "smallthinker", "minimax-m2") or arch == "gemma4" and p + "expert_count" in md:
         md[p + "expert_count"] = rng.choice([4, 8, 16])
         md[p + "expert_used_count"] = rng.choice([1, 2, 4])
     if arch in ("glm4moe", "bailingmoe2", "dots1", "kimi-linear", "deepseek"):

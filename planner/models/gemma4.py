@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 
 from .. import ggml
+from ..ggml import GGMLAbort
 from ..graph import (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLM_FFN_GELU, LLM_FFN_PAR, LLM_NORM_RMS, GraphContext,
                      c_reciprocal)
 from ..gguf import BOOL, INT32, UINT32
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_STANDARD, HParams
-from ..ggml import GGMLAbort
 from ..model import Model, TensorCreator
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
 

@@ -63,6 +63,7 @@ class HParams:
     indexer_n_head: int = 0                # DeepSeek sparse attention's lightning indexer (deepseek32)
     indexer_head_size: int = 0
     indexer_top_k: int = 0
+    is_indexer_full_arr: tuple[bool, ...] = ()   # glm-dsa: layers with their own indexer (the others reuse its top-k)
     f_norm_eps: float = 0.0
     f_clamp_kqv: float = 0.0
     f_norm_rms_eps: float = 0.0
@@ -150,6 +151,9 @@ class HParams:
     def is_recr(self, il: int) -> bool:
         # false past the array, as llama.cpp's LLAMA_MAX_LAYERS-sized is_recr_impl is
         return il < len(self.is_recr_arr) and self.is_recr_arr[il]
+
+    def is_indexer_full(self, il: int) -> bool:
+        return self.is_indexer_full_arr[il]
 
     def has_attn(self, il: int) -> bool:
         return not (self.ffn_only_arr and self.ffn_only_arr[il])

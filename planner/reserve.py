@@ -124,9 +124,10 @@ def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, 
                                                           filter_recr))
     # with NextN layers (and a trunk) the main context's cache holds the trunk's layers only
     def trunk(il): return il < hp.n_layer
-    if hp.arch == "deepseek32":
-        # llama_kv_cache_dsa: the MLA cache, and the indexer's of the trunk layers
-        return create_kv_cache_dsa(hp, cp, v_trans, kv_buft, trunk if hp.n_layer_nextn > 0 else None, trunk)
+    if hp.arch in ("deepseek32", "glm-dsa"):
+        # llama_kv_cache_dsa: the MLA cache, and the indexer's of the trunk layers (glm-dsa: its full indexer layers)
+        def filter_lid(il): return il < hp.n_layer and (hp.arch != "glm-dsa" or hp.is_indexer_full(il))
+        return create_kv_cache_dsa(hp, cp, v_trans, kv_buft, trunk if hp.n_layer_nextn > 0 else None, filter_lid)
     layer_filter = trunk if hp.n_layer_nextn > 0 and hp.n_layer > 0 else None
     reuse = None
     if hp.arch == "gemma4":

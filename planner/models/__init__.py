@@ -23,6 +23,7 @@ ARCHS = {
     "gemma3": "gemma3",
     "gemma4": "gemma4",
     "glm4moe": "glm4moe",
+    "glm-dsa": "glm_dsa",
     "gpt-oss": "openai_moe",
     "granitehybrid": "granitehybrid",
     "grok": "grok",

@@ -8,6 +8,7 @@ loaded (skipped, load_mtp off) as deepseek2 does.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM, LLM_NORM_RMS, GraphContext, c_reciprocal
@@ -35,8 +36,12 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.indexer_top_k = ml.get_u32("%s.attention.indexer.top_k")
     hp.expert_gating_func = ml.get_u32("%s.expert_gating_func")
     require_gating_func(ml, hp)
-    # load_arch_tensors' throw, and the graph's GGML_ASSERTs
-    require(ml, hp.is_mla(), "the DEEPSEEK32 architecture requires MLA (key_length_mla and value_length_mla)")
+    require_dsa(ml, hp)
+
+
+def require_dsa(ml: ModelLoader, hp: HParams) -> None:
+    """load_arch_tensors' throw, and the graph's GGML_ASSERTs (deepseek32.cpp, glm-dsa.cpp)."""
+    require(ml, hp.is_mla(), f"the {ml.arch} architecture requires MLA (key_length_mla and value_length_mla)")
     require(ml, hp.n_embd_head_k_mla() > hp.n_rot(),
             f"key_length_mla {hp.n_embd_head_k_mla()} must exceed the rope dimensions {hp.n_rot()}")
     require(ml, hp.n_rot() <= hp.indexer_head_size,
@@ -49,6 +54,12 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
 
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:
+    load_dsa_tensors(c, model, 0)
+
+
+def load_dsa_tensors(c: TensorCreator, model: Model, indexer_flags: int) -> None:
+    """llama_model_deepseek32::load_arch_tensors; glm-dsa's is the same with the indexer's tensors
+    optional (indexer_flags TENSOR_NOT_REQUIRED: its shared layers have none)."""
     hp = model.hparams
     n_embd, n_vocab, n_expert = hp.n_embd, hp.n_vocab, hp.n_expert
     n_embd_head_k_mla, n_embd_head_v_mla = hp.n_embd_head_k_mla(), hp.n_embd_head_v_mla()
@@ -78,12 +89,13 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
         layer.wv_b = c.create_tensor(tn("ATTN_V_B", "weight", i), (kv_lora_rank, n_embd_head_v_mla, n_head), flags)
         layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_head * n_embd_head_v_mla, n_embd), flags)
         layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,), flags)
-        layer.indexer_k_norm = c.create_tensor(tn("INDEXER_K_NORM", "weight", i), (indexer_head_size,), flags)
-        layer.indexer_k_norm_b = c.create_tensor(tn("INDEXER_K_NORM", "bias", i), (indexer_head_size,), flags)
-        layer.indexer_proj = c.create_tensor(tn("INDEXER_PROJ", "weight", i), (n_embd, indexer_n_head), flags)
-        layer.indexer_attn_k = c.create_tensor(tn("INDEXER_ATTN_K", "weight", i), (n_embd, indexer_head_size), flags)
+        i_flags = flags | indexer_flags
+        layer.indexer_k_norm = c.create_tensor(tn("INDEXER_K_NORM", "weight", i), (indexer_head_size,), i_flags)
+        layer.indexer_k_norm_b = c.create_tensor(tn("INDEXER_K_NORM", "bias", i), (indexer_head_size,), i_flags)
+        layer.indexer_proj = c.create_tensor(tn("INDEXER_PROJ", "weight", i), (n_embd, indexer_n_head), i_flags)
+        layer.indexer_attn_k = c.create_tensor(tn("INDEXER_ATTN_K", "weight", i), (n_embd, indexer_head_size), i_flags)
         layer.indexer_attn_q_b = c.create_tensor(tn("INDEXER_ATTN_Q_B", "weight", i),
-                                                 (q_lora_rank, indexer_n_head * indexer_head_size), flags)
+                                                 (q_lora_rank, indexer_n_head * indexer_head_size), i_flags)
         if i < hp.n_layer_dense_lead:
             n_ff = hp.n_ff(i)
             layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff), flags)
@@ -105,10 +117,16 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
 
 
 def build(g: GraphContext) -> None:
+    build_dsa(g, LLAMA_ROPE_TYPE_NEOX, lambda il: True)
+
+
+def build_dsa(g: GraphContext, indexer_rope_type: int, is_indexer_full: Callable[[int], bool]) -> None:
     """llama_model_deepseek32::graph: deepseek2's MLA with the absorption (Q from the normed Q LoRA
     projection viewed without a reshape), its mask narrowed by the lightning indexer's top-k keys
     (the fused GGML_OP_LIGHTNING_INDEXER: cparams.fused_lid is always on). kq_scale carries YaRN's
-    mscale in llama.cpp; it is an op parameter only and leaves memory as it is."""
+    mscale in llama.cpp; it is an op parameter only and leaves memory as it is.
+    llama_model_glm_dsa::graph is the same with the indexer's rope NORM, and its "shared" layers
+    (not is_indexer_full) reuse the top-k of the last full layer instead of running an indexer."""
     model, hp = g.model, g.hparams
     n_tokens = g.ubatch.n_tokens
     n_embd_head_k = hp.n_embd_head_k_mla()
@@ -123,6 +141,7 @@ def build(g: GraphContext) -> None:
     inp_out_ids = g.build_inp_out_ids()
     kv_lid = inp_attn_dsa.kv.lid
     n_head = hp.n_head()
+    top_k = None
 
     for il, layer in enumerate(model.layers):
         inp_sa = inp_l
@@ -134,43 +153,45 @@ def build(g: GraphContext) -> None:
         qr = g.build_norm(qr, layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
         g.cb(qr, "qr", il)
 
-        # lightning indexer
-        indexer_q = ggml.mul_mat(layer.indexer_attn_q_b, qr)
-        g.cb(indexer_q, "indexer_q", il)
-        indexer_q = ggml.reshape(indexer_q, n_embd_indexer_head, n_indexer_head, n_tokens)
-        indexer_q = ggml.rope_ext(indexer_q, inp_pos, None, hp.n_rot(), LLAMA_ROPE_TYPE_NEOX, hp.n_ctx_orig_yarn)
-        g.cb(indexer_q, "indexer_q", il)
-        indexer_k = ggml.mul_mat(layer.indexer_attn_k, cur)
-        g.cb(indexer_k, "indexer_k", il)
-        indexer_k = g.build_norm(indexer_k, layer.indexer_k_norm, layer.indexer_k_norm_b, LLM_NORM, il)
-        g.cb(indexer_k, "indexer_k", il)
-        indexer_k = ggml.reshape(indexer_k, n_embd_indexer_head, 1, n_tokens)
-        indexer_k = ggml.rope_ext(indexer_k, inp_pos, None, hp.n_rot(), LLAMA_ROPE_TYPE_NEOX, hp.n_ctx_orig_yarn)
-        g.cb(indexer_k, "indexer_k", il)
-        # the Hadamard transform of the indexer's q and k
-        indexer_q = ggml.mul_mat(inp_attn_dsa.k_rot_lid, indexer_q)
-        g.cb(indexer_q, "indexer_q", il)
-        indexer_k = ggml.mul_mat(inp_attn_dsa.k_rot_lid, indexer_k)
-        g.cb(indexer_k, "indexer_k", il)
-        ggml.build_forward_expand(g.gf, kv_lid.cpy_k(indexer_k, inp_attn_dsa.k_idxs_lid, il))
-        indexer_weights = ggml.mul_mat(layer.indexer_proj, cur)
-        g.cb(indexer_weights, "indexer_weights", il)
-        indexer_k = kv_lid.get_k(il)
-        # the batch split into streams
-        n_stream = indexer_k.ne[3]
-        indexer_q = ggml.view(indexer_q, (indexer_q.ne[0], indexer_q.ne[1], indexer_q.ne[2] // n_stream, n_stream),
-                              (indexer_q.nb[1], indexer_q.nb[2], indexer_q.nb[3] // n_stream), 0)
-        indexer_weights = ggml.view(indexer_weights, (indexer_weights.ne[0], indexer_weights.ne[1] // n_stream,
-                                                      indexer_weights.ne[2], n_stream),
-                                    (indexer_weights.nb[1], indexer_weights.nb[2] // n_stream,
-                                     indexer_weights.nb[3] // n_stream), 0)
-        # pre-scaled weights rather than a scaled score
-        indexer_weights = ggml.scale(indexer_weights, c_reciprocal(math.sqrt(n_embd_indexer_head * n_indexer_head)))
-        g.cb(indexer_weights, "indexer_weights", il)
-        indexer_score = ggml.lightning_indexer(indexer_q, indexer_k, indexer_weights, inp_attn_dsa.kq_mask_lid)
-        g.cb(indexer_score, "indexer_score", il)
-        top_k = ggml.cont(ggml.top_k(indexer_score, min(indexer_score.ne[0], hp.indexer_top_k)))
-        g.cb(top_k, "top_k", il)
+        if is_indexer_full(il):   # a layer with its own lightning indexer
+            indexer_q = ggml.mul_mat(layer.indexer_attn_q_b, qr)
+            g.cb(indexer_q, "indexer_q", il)
+            indexer_q = ggml.reshape(indexer_q, n_embd_indexer_head, n_indexer_head, n_tokens)
+            indexer_q = ggml.rope_ext(indexer_q, inp_pos, None, hp.n_rot(), indexer_rope_type, hp.n_ctx_orig_yarn)
+            g.cb(indexer_q, "indexer_q", il)
+            indexer_k = ggml.mul_mat(layer.indexer_attn_k, cur)
+            g.cb(indexer_k, "indexer_k", il)
+            indexer_k = g.build_norm(indexer_k, layer.indexer_k_norm, layer.indexer_k_norm_b, LLM_NORM, il)
+            g.cb(indexer_k, "indexer_k", il)
+            indexer_k = ggml.reshape(indexer_k, n_embd_indexer_head, 1, n_tokens)
+            indexer_k = ggml.rope_ext(indexer_k, inp_pos, None, hp.n_rot(), indexer_rope_type, hp.n_ctx_orig_yarn)
+            g.cb(indexer_k, "indexer_k", il)
+            # the Hadamard transform of the indexer's q and k
+            indexer_q = ggml.mul_mat(inp_attn_dsa.k_rot_lid, indexer_q)
+            g.cb(indexer_q, "indexer_q", il)
+            indexer_k = ggml.mul_mat(inp_attn_dsa.k_rot_lid, indexer_k)
+            g.cb(indexer_k, "indexer_k", il)
+            ggml.build_forward_expand(g.gf, kv_lid.cpy_k(indexer_k, inp_attn_dsa.k_idxs_lid, il))
+            indexer_weights = ggml.mul_mat(layer.indexer_proj, cur)
+            g.cb(indexer_weights, "indexer_weights", il)
+            indexer_k = kv_lid.get_k(il)
+            # the batch split into streams
+            n_stream = indexer_k.ne[3]
+            indexer_q = ggml.view(indexer_q, (indexer_q.ne[0], indexer_q.ne[1], indexer_q.ne[2] // n_stream, n_stream),
+                                  (indexer_q.nb[1], indexer_q.nb[2], indexer_q.nb[3] // n_stream), 0)
+            indexer_weights = ggml.view(indexer_weights, (indexer_weights.ne[0], indexer_weights.ne[1] // n_stream,
+                                                          indexer_weights.ne[2], n_stream),
+                                        (indexer_weights.nb[1], indexer_weights.nb[2] // n_stream,
+                                         indexer_weights.nb[3] // n_stream), 0)
+            # pre-scaled weights rather than a scaled score
+            indexer_weights = ggml.scale(indexer_weights, c_reciprocal(math.sqrt(n_embd_indexer_head * n_indexer_head)))
+            g.cb(indexer_weights, "indexer_weights", il)
+            indexer_score = ggml.lightning_indexer(indexer_q, indexer_k, indexer_weights, inp_attn_dsa.kq_mask_lid)
+            g.cb(indexer_score, "indexer_score", il)
+            top_k = ggml.cont(ggml.top_k(indexer_score, min(indexer_score.ne[0], hp.indexer_top_k)))
+            g.cb(top_k, "top_k", il)
+        else:   # a "shared" layer: the last full layer's top-k
+            g.cb(top_k, "top_k", il)
 
         q = ggml.mul_mat(layer.wq_b, qr)
         g.cb(q, "q", il)

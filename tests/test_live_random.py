@@ -81,7 +81,7 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-glm4moe", "tiny-llama4", "tiny-granitemoe", "tiny-ernie4_5-moe",
                "tiny-bailingmoe2", "tiny-dots1", "tiny-hunyuan-moe", "tiny-qwen3vl", "tiny-qwen3vlmoe",
                "tiny-deepseek32", "tiny-kimi-linear", "tiny-gemma4", "tiny-gemma4-e2b", "tiny-deepseek", "tiny-dbrx",
-               "tiny-grok", "tiny-arctic", "tiny-smallthinker", "tiny-minimax-m2"]
+               "tiny-grok", "tiny-arctic", "tiny-smallthinker", "tiny-minimax-m2", "tiny-glm-dsa"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear"}
 
 
@@ -93,7 +93,7 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
     if arch not in FIXED_LAYOUT:
         # glm4moe's, bailingmoe2's and deepseek32's last block is their multi-token-prediction block: at least
         # one more runs
-        md[p + "block_count"] = rng.choice([2, 3, 5, 7] if arch in ("glm4moe", "bailingmoe2", "deepseek32")
+        md[p + "block_count"] = rng.choice([2, 3, 5, 7] if arch in ("glm4moe", "bailingmoe2", "deepseek32", "glm-dsa")
                                            else [1, 2, 3, 5, 7])
     if p + "attention.sliding_window" in md:
         md[p + "attention.sliding_window"] = rng.choice([32, 64, 128, 512, 1000])
@@ -128,15 +128,24 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
         md[p + "interleave_moe_layer_step"] = rng.choice([1, 2])
     if arch == "llama4":
         md[p + "interleave_moe_layer_step"] = rng.choice([0, 1, 2, 3])
-    if arch in ("qwen3vl", "qwen3vlmoe"):   # as many deepstack layers as blocks, or more, too
+    if arch in ("qwen3vl", "qwen3vlmoe", "deepseek2", "deepseek32", "glm-dsa"):   # as many deepstack layers as blocks, or more, too
         md[p + "n_deepstack_layers"] = rng.choice([0, 1, 2, 3, 5])
-    if arch in ("deepseek2", "deepseek32"):
+    if arch in ("deepseek2", "deepseek32", "glm-dsa"):
         md[p + "leading_dense_block_count"] = rng.choice([0, 1])
         md[p + "expert_group_count"], md[p + "expert_group_used_count"] = rng.choice([(4, 2), (2, 1)])
-    if arch == "deepseek32":   # the indexer: its heads, key length (a power of two) and top-k around n_kv
+    if arch in ("deepseek32", "glm-dsa"):   # the indexer: its heads, key length (a power of two) and top-k around n_kv
         md[p + "attention.indexer.head_count"] = rng.choice([1, 4, 8])
         md[p + "attention.indexer.key_length"] = rng.choice([64, 128])
         md[p + "attention.indexer.top_k"] = rng.choice([16, 768, 8192])
+    if arch == "glm-dsa":   # full and shared indexer layers: every one full, or the first full and the others shared
+        n_layer = md[p + "block_count"] - 1
+        if rng.random() < 0.5:
+            md[p + "attention.indexer.types"] = [True] * n_layer
+            cfg["optional_tensors"].append("blk.*.indexer.*")
+        else:
+            md[p + "attention.indexer.types"] = [True] + [False] * (n_layer - 1)
+            cfg["optional_tensors"].append("blk.0.indexer.*")
+        cfg["optional_tensors"] = [g for g in cfg["optional_tensors"] if g != "blk.2.indexer.*"]
     md["general.name"] = cfg["name"] = name
     return cfg
 

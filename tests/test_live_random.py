@@ -93,7 +93,8 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
     if arch not in FIXED_LAYOUT:
         # glm4moe's, bailingmoe2's and deepseek32's last block is their multi-token-prediction block: at least
         # one more runs
-        md[p + "block_count"] = rng.choice([2, 3, 5, 7] if arch in ("glm4moe", "bailingmoe2", "deepseek32", "glm-dsa")
+        md[p + "block_count"] = rng.choice([2, 3, 5, 7] if arch in ("glm4moe", "bailingmoe2", "deepseek32",
+                                                                    "glm-dsa")
                                            else [1, 2, 3, 5, 7])
     if p + "attention.sliding_window" in md:
         md[p + "attention.sliding_window"] = rng.choice([32, 64, 128, 512, 1000])
@@ -128,7 +129,7 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
         md[p + "interleave_moe_layer_step"] = rng.choice([1, 2])
     if arch == "llama4":
         md[p + "interleave_moe_layer_step"] = rng.choice([0, 1, 2, 3])
-    if arch in ("qwen3vl", "qwen3vlmoe", "deepseek2", "deepseek32", "glm-dsa"):   # as many deepstack layers as blocks, or more, too
+    if arch in ("qwen3vl", "qwen3vlmoe"):   # as many deepstack layers as blocks, or more, too
         md[p + "n_deepstack_layers"] = rng.choice([0, 1, 2, 3, 5])
     if arch in ("deepseek2", "deepseek32", "glm-dsa"):
         md[p + "leading_dense_block_count"] = rng.choice([0, 1])

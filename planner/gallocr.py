@@ -306,8 +306,10 @@ class Gallocr:
             allocate_node(leaf, buffer_id)
 
         # count children and views (view nodes with op NONE are sched dependencies, not counted);
-        # INPUT nodes and INPUT srcs, with the buffer id of the node that uses them
-        parents_of = []   # per node: (src, its hash node) for each non-NULL src
+        # INPUT nodes and INPUT srcs, with the buffer id of the node that uses them. Srcs with memory
+        # of their own (weights, KV cache) and views of them are left out: the C counts their uses
+        # too, but they are never allocated, so their counts never free anything
+        parents_of = []   # per node: (src, its hash node) for each src gallocr may allocate
         for node, buffer_id in zip(graph.nodes, node_buffer_ids, strict=True):
             if node.view_src is not None and node.op != "NONE":
                 hash_[node.view_src].n_views += 1
@@ -315,7 +317,7 @@ class Gallocr:
                 allocate_node(node, buffer_id)
             parents = []
             for src in node.src:
-                if src is None:
+                if src is None or (src.view_src or src).buffer is not None:
                     continue
                 p_hn = hash_[src]
                 p_hn.n_children += 1
@@ -328,9 +330,10 @@ class Gallocr:
         for i, (node, buffer_id, parents) in enumerate(zip(graph.nodes, node_buffer_ids, parents_of)):
             self.node_index = i
             for parent, p_hn in parents:
-                if not p_hn.allocated:   # allocate_node returns at once for own tensors
+                if not p_hn.allocated and parent.view_src is None:   # views never get memory of their own
                     allocate_node(parent, buffer_id)
-            allocate_node(node, buffer_id)
+            if node.view_src is None:
+                allocate_node(node, buffer_id)
             for parent, p_hn in parents:
                 p_hn.n_children -= 1
                 if p_hn.n_children == 0 and p_hn.n_views == 0:

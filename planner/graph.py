@@ -296,9 +296,9 @@ class GraphContext:
         if layer.wqkv is not None:
             qkv = self.build_lora_mm(layer.wqkv, cur)
             self.cb(qkv, "wqkv", il)
-            if layer.wqkv_b is not None:
-                qkv = ggml.add(qkv, layer.wqkv_b)
-                self.cb(qkv, "wqkv_b", il)
+            if layer.bqkv is not None:
+                qkv = ggml.add(qkv, layer.bqkv)
+                self.cb(qkv, "bqkv", il)
             if self.hparams.f_clamp_kqv > 0.0:   # DBRX's clip_qkv
                 qkv = ggml.clamp(qkv, -self.hparams.f_clamp_kqv, self.hparams.f_clamp_kqv)
                 self.cb(qkv, "wqkv_clamped", il)
@@ -309,9 +309,9 @@ class GraphContext:
             v = ggml.view(qkv, (n_embd_head, n_head_kv, n_tokens), (row, qkv.nb[1]),
                           ggml.row_size(qkv.type, n_embd_q + n_embd_k))
         else:
-            q = self._proj(layer.wq, layer.wq_b, cur, "Qcur", il)
-            k = self._proj(layer.wk, layer.wk_b, cur, "Kcur", il)
-            v = self._proj(layer.wv, layer.wv_b, cur, "Vcur", il)
+            q = self._proj(layer.wq, layer.bq, cur, "Qcur", il)
+            k = self._proj(layer.wk, layer.bk, cur, "Kcur", il)
+            v = self._proj(layer.wv, layer.bv, cur, "Vcur", il)
             q = ggml.reshape(q, n_embd_head, n_head, n_tokens)
             k = ggml.reshape(k, n_embd_head, n_head_kv, n_tokens)
             v = ggml.reshape(v, n_embd_head, n_head_kv, n_tokens)
@@ -327,15 +327,15 @@ class GraphContext:
         if layer.wqkv is not None:
             qkv = self.build_lora_mm(layer.wqkv, cur)
             self.cb(qkv, "wqkv", il)
-            if layer.wqkv_b is not None:
-                qkv = ggml.add(qkv, layer.wqkv_b)
-                self.cb(qkv, "wqkv_b", il)
+            if layer.bqkv is not None:
+                qkv = ggml.add(qkv, layer.bqkv)
+                self.cb(qkv, "bqkv", il)
             q = ggml.view(qkv, (n_embd_q, n_tokens), (qkv.nb[1],), 0)
             k = ggml.view(qkv, (n_embd_k, n_tokens), (qkv.nb[1],), ggml.row_size(qkv.type, n_embd_q))
             v = ggml.view(qkv, (n_embd_v, n_tokens), (qkv.nb[1],), ggml.row_size(qkv.type, n_embd_q + n_embd_k))
             return ggml.cont(q), ggml.cont(k), ggml.cont(v)
         out = []
-        for w, b in ((layer.wq, layer.wq_b), (layer.wk, layer.wk_b), (layer.wv, layer.wv_b)):
+        for w, b in ((layer.wq, layer.bq), (layer.wk, layer.bk), (layer.wv, layer.bv)):
             x = self.build_lora_mm(w, cur)
             out.append(ggml.add(x, b) if b is not None else x)
         return tuple(out)
@@ -547,13 +547,13 @@ class GraphContext:
 
     # --- attention -------------------------------------------------------------------------------
 
-    def build_attn(self, inp, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor, k_cur: Tensor,
+    def build_attn(self, inp, wo: Optional[Tensor], bo: Optional[Tensor], q_cur: Tensor, k_cur: Tensor,
                    v_cur: Tensor, kq_scale: float, il: int, sinks: Optional[Tensor] = None,
                    v_mla: Optional[Tensor] = None) -> Tensor:
         """build_attn(llm_graph_input_attn_kv *) and build_attn(llm_graph_input_attn_kv_iswa *): the
         iswa form picks the layer's cache and expands q, k, v (the plain form q, v, k)."""
         if isinstance(inp, AttnInputK):
-            return self.build_attn_k(inp, wo, wo_b, q_cur, k_cur, v_cur, kq_scale, il, v_mla)
+            return self.build_attn_k(inp, wo, bo, q_cur, k_cur, v_cur, kq_scale, il, v_mla)
         iswa = isinstance(inp, AttnInputISWA)
         if iswa:
             inp = inp.swa if self.hparams.is_swa(il) else inp.base
@@ -578,11 +578,11 @@ class GraphContext:
             cur = mul_mat_hadamard(cur, inp.v_rot)
         if wo is not None:
             cur = self.build_lora_mm(wo, cur)
-        if wo_b is not None:
-            cur = ggml.add(cur, wo_b)
+        if bo is not None:
+            cur = ggml.add(cur, bo)
         return cur
 
-    def build_attn_k(self, inp: AttnInputK, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor,
+    def build_attn_k(self, inp: AttnInputK, wo: Optional[Tensor], bo: Optional[Tensor], q_cur: Tensor,
                      k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int, v_mla: Optional[Tensor]) -> Tensor:
         """build_attn(llm_graph_input_attn_k *): only K is stored; V is a view of K's first
         v_cur->ne[0] values, decompressed by v_mla after the attention."""
@@ -596,11 +596,11 @@ class GraphContext:
         self.cb(cur, "kqv_out", il)
         if wo is not None:
             cur = self.build_lora_mm(wo, cur)
-        if wo_b is not None:
-            cur = ggml.add(cur, wo_b)
+        if bo is not None:
+            cur = ggml.add(cur, bo)
         return cur
 
-    def build_attn_k_dsa(self, inp: AttnInputKDSA, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor,
+    def build_attn_k_dsa(self, inp: AttnInputKDSA, wo: Optional[Tensor], bo: Optional[Tensor], q_cur: Tensor,
                          k_cur: Tensor, v_cur: Tensor, v_mla: Optional[Tensor], top_k: Tensor, kq_scale: float,
                          il: int) -> Tensor:
         """build_attn(llm_graph_input_attn_k_dsa *): MLA over the K-only cache as build_attn_k, its
@@ -628,8 +628,8 @@ class GraphContext:
         self.cb(cur, "kqv_out", il)
         if wo is not None:
             cur = self.build_lora_mm(wo, cur)
-        if wo_b is not None:
-            cur = ggml.add(cur, wo_b)
+        if bo is not None:
+            cur = ggml.add(cur, bo)
         return cur
 
     def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int,

@@ -32,12 +32,12 @@ class Layer:
     wk: Optional[Tensor] = None
     wv: Optional[Tensor] = None
     wqkv: Optional[Tensor] = None
-    wq_b: Optional[Tensor] = None
-    wk_b: Optional[Tensor] = None
-    wv_b: Optional[Tensor] = None
-    wqkv_b: Optional[Tensor] = None
+    bq: Optional[Tensor] = None
+    bk: Optional[Tensor] = None
+    bv: Optional[Tensor] = None
+    bqkv: Optional[Tensor] = None
     wo: Optional[Tensor] = None
-    wo_b: Optional[Tensor] = None
+    bo: Optional[Tensor] = None
     attn_q_norm: Optional[Tensor] = None
     attn_k_norm: Optional[Tensor] = None
     attn_post_norm: Optional[Tensor] = None
@@ -332,8 +332,8 @@ class TensorCreator:
             return
         layer.wqkv = self.create_tensor(tn("ATTN_QKV", "weight", bid), (n_embd, n_embd_qkv), TENSOR_NOT_REQUIRED)
         if layer.wqkv is not None:
-            layer.wqkv_b = self.create_tensor(tn("ATTN_QKV", "bias", bid), (n_embd_qkv,), TENSOR_NOT_REQUIRED)
-            if layer.wqkv_b is None:
+            layer.bqkv = self.create_tensor(tn("ATTN_QKV", "bias", bid), (n_embd_qkv,), TENSOR_NOT_REQUIRED)
+            if layer.bqkv is None:
                 self._qkv_biases(layer, bid, n_embd_q, n_embd_k, n_embd_v)
             return
         layer.wq = self.create_tensor(tn("ATTN_Q", "weight", bid), (n_embd, n_embd_q), flags)
@@ -342,9 +342,9 @@ class TensorCreator:
         self._qkv_biases(layer, bid, n_embd_q, n_embd_k, n_embd_v)
 
     def _qkv_biases(self, layer: Layer, bid: int, n_embd_q: int, n_embd_k: int, n_embd_v: int) -> None:
-        layer.wq_b = self.create_tensor(tn("ATTN_Q", "bias", bid), (n_embd_q,), TENSOR_NOT_REQUIRED)
-        layer.wk_b = self.create_tensor(tn("ATTN_K", "bias", bid), (n_embd_k,), TENSOR_NOT_REQUIRED)
-        layer.wv_b = self.create_tensor(tn("ATTN_V", "bias", bid), (n_embd_v,), TENSOR_NOT_REQUIRED)
+        layer.bq = self.create_tensor(tn("ATTN_Q", "bias", bid), (n_embd_q,), TENSOR_NOT_REQUIRED)
+        layer.bk = self.create_tensor(tn("ATTN_K", "bias", bid), (n_embd_k,), TENSOR_NOT_REQUIRED)
+        layer.bv = self.create_tensor(tn("ATTN_V", "bias", bid), (n_embd_v,), TENSOR_NOT_REQUIRED)
 
     def create_tensor_gate_up_exps(self, layer: Layer, bid: int, n_embd: int, n_ff: int, n_expert: int,
                                    flags: int = 0) -> None:

@@ -40,7 +40,7 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
         layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
         c.create_tensor_qkv(layer, i, n_embd, n_embd_head_k * hp.n_head(i), n_embd_gqa, n_embd_gqa)
         layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd_head_k * hp.n_head(i), n_embd))
-        layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+        layer.bo = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
         layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,))
         if i >= hp.n_layer_dense_lead:   # the loader gives every later layer experts, whatever the step
             n_ff_exp = hp.n_ff_exp()

@@ -50,7 +50,7 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
             n_q = hp.n_embd_head_k() * hp.n_head(i)
             c.create_tensor_qkv(layer, i, n_embd, n_q, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
             layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_q, n_embd))
-            layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+            layer.bo = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
         layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,))
         layer.rope_freqs = c.create_tensor(tn("ROPE_FREQS", "weight", i), (hp.n_rot() // 2,),
                                            TENSOR_NOT_REQUIRED | (TENSOR_DUPLICATED if i != 0 else 0))
@@ -113,7 +113,7 @@ def build_attention_layer(g: GraphContext, cur, inp_pos, inp_attn, n_embd_head: 
     g.cb(q, "Qcur", il)
     g.cb(k, "Kcur", il)
     g.cb(v, "Vcur", il)
-    cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, kq_scale_for(hp, n_embd_head), il)
+    cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, kq_scale_for(hp, n_embd_head), il)
     g.cb(cur, "attn_out", il)
     return cur
 

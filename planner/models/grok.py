@@ -82,7 +82,7 @@ def build(g: GraphContext) -> None:
         g.cb(q, "Qcur", il)
         g.cb(k, "Kcur", il)
         g.cb(v, "Vcur", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, 1.0, il)   # the tanh cap is in build_attn_mha
+        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, 1.0, il)   # the tanh cap is in build_attn_mha
 
         if il == hp.n_layer - 1:
             cur = ggml.get_rows(cur, inp_out_ids)

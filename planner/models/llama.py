@@ -37,7 +37,7 @@ def load_layer_tensors(c: TensorCreator, layer: Layer, i: int, hp: HParams) -> N
     layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
     c.create_tensor_qkv(layer, i, n_embd, n_q, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i))
     layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_q, n_embd))
-    layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+    layer.bo = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
     layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,))
     create_rope_factors(c, layer, i, hp, n_rot)
     if hp.n_expert == 0:
@@ -89,7 +89,7 @@ def build(g: GraphContext) -> None:
         g.cb(q, "Qcur", il)
         g.cb(k, "Kcur", il)
         g.cb(v, "Vcur", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, kq_scale, il)
+        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, kq_scale, il)
         g.cb(cur, "attn_out", il)
 
         if il == hp.n_layer - 1:

@@ -110,7 +110,7 @@ def build(g: GraphContext) -> None:
             k = ggml.rms_norm(k, hp.f_norm_rms_eps)
             g.cb(q, "Qcur_normed", il)
             g.cb(k, "Kcur_normed", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, kq_scale, il)
+        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, kq_scale, il)
         g.cb(cur, "attn_out", il)
 
         if il == hp.n_layer - 1:

@@ -50,7 +50,7 @@ def build(g: GraphContext) -> None:
         if inp_attn_scale is not None:
             q = ggml.mul(q, inp_attn_scale)
             g.cb(q, "Qcur_attn_temp_scaled", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, kq_scale, il)
+        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, kq_scale, il)
         g.cb(cur, "attn_out", il)
 
         if il == hp.n_layer - 1:

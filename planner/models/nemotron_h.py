@@ -82,7 +82,7 @@ def load_attn_tensors(c: TensorCreator, layer: Layer, i: int, flags: int) -> Non
     n_q = hp.n_embd_head_k() * hp.n_head(i)
     c.create_tensor_qkv(layer, i, n_embd, n_q, hp.n_embd_k_gqa(i), hp.n_embd_v_gqa(i), flags)
     layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_q, n_embd), flags)
-    layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED | flags)
+    layer.bo = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED | flags)
 
 
 def load_moe_tensors(c: TensorCreator, layer: Layer, i: int, flags: int, n_ff: int) -> None:
@@ -154,7 +154,7 @@ def build(g: GraphContext) -> None:
             cur = build_mamba2_layer(g, inp.rs, cur, il)
         elif hp.n_ff(il) == 0:
             q, k, v = g.build_qkv(layer, cur, n_embd_head, hp.n_head(il), hp.n_head_kv(il), il)
-            cur = g.build_attn(inp.attn, layer.wo, layer.wo_b, q, k, v, kq_scale_for(hp, n_embd_head), il)
+            cur = g.build_attn(inp.attn, layer.wo, layer.bo, q, k, v, kq_scale_for(hp, n_embd_head), il)
             g.cb(cur, "attn_out", il)
         else:
             cur = build_ffn_layer(g, cur, layer, il)

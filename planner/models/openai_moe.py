@@ -44,7 +44,7 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
         layer.ffn_gate_exps = c.create_tensor(tn("FFN_GATE_EXPS", "weight", i), (n_embd, n_ff_exp, n_expert))
         layer.ffn_down_exps = c.create_tensor(tn("FFN_DOWN_EXPS", "weight", i), (n_ff_exp, n_embd, n_expert))
         layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (n_embd, n_ff_exp, n_expert))
-        layer.wo_b = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,))
+        layer.bo = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,))
         layer.ffn_gate_inp_b = c.create_tensor(tn("FFN_GATE_INP", "bias", i), (n_expert,))
         layer.ffn_gate_exps_b = c.create_tensor(tn("FFN_GATE_EXPS", "bias", i), (n_ff_exp, n_expert))
         layer.ffn_down_exps_b = c.create_tensor(tn("FFN_DOWN_EXPS", "bias", i), (n_embd, n_expert))
@@ -71,7 +71,7 @@ def build(g: GraphContext) -> None:
         g.cb(q, "Qcur", il)
         g.cb(k, "Kcur", il)
         g.cb(v, "Vcur", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, 1.0 / math.sqrt(n_rot), il, sinks=layer.attn_sinks)
+        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, 1.0 / math.sqrt(n_rot), il, sinks=layer.attn_sinks)
         g.cb(cur, "attn_out", il)
 
         ffn_inp = ggml.add(cur, inp_sa)

@@ -67,7 +67,7 @@ def build(g: GraphContext) -> None:
         g.cb(v, "Vcur", il)
         q = ggml.scale(q, 1.0 / math.sqrt(n_embd_head))
         g.cb(q, "Qcur", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, 1.0, il)
+        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, 1.0, il)
 
         if il == hp.n_layer - 1:
             cur = ggml.get_rows(cur, inp_out_ids)

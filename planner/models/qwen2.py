@@ -60,7 +60,7 @@ def build(g: GraphContext) -> None:
         g.cb(q, "Qcur", il)
         g.cb(k, "Kcur", il)
         g.cb(v, "Vcur", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, 1.0 / math.sqrt(n_embd_head), il)
+        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, 1.0 / math.sqrt(n_embd_head), il)
 
         if il == hp.n_layer - 1:
             cur = ggml.get_rows(cur, inp_out_ids)

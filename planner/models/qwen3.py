@@ -95,4 +95,4 @@ def build_attn_qk_norm(g: GraphContext, layer, cur, inp_pos, inp_attn, il: int,
     g.cb(q, "Qcur", il)
     g.cb(k, "Kcur", il)
     g.cb(v, "Vcur", il)
-    return g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, 1.0 / math.sqrt(n_embd_head), il)
+    return g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, 1.0 / math.sqrt(n_embd_head), il)

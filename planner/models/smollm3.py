@@ -58,7 +58,7 @@ def build(g: GraphContext) -> None:
         g.cb(q, "Qcur", il)
         g.cb(k, "Kcur", il)
         g.cb(v, "Vcur", il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.wo_b, q, k, v, kq_scale, il)
+        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, kq_scale, il)
         g.cb(cur, "attn_out", il)
 
         if il == hp.n_layer - 1:

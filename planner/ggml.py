@@ -381,12 +381,6 @@ def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
     return _op(new_tensor(a.type, *ne), "CONCAT", [a, b], (dim,))
 
 
-def pad(a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
-    """ggml_pad: ggml_pad_ext with the padding after each dimension"""
-    ne = tuple(n + p for n, p in zip(_ne4(a.ne), (p0, p1, p2, p3)))
-    return _op(new_tensor(a.type, *ne), "PAD", [a], (0, p0, 0, p1, 0, p2, 0, p3))
-
-
 def fill(a: Tensor, c: float) -> Tensor:
     return _op(dup_tensor(a), "FILL", [a], (c,))
 

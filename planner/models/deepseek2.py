@@ -11,7 +11,8 @@ import math
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NORM, HParams
-from ..model import Model, TensorCreator, require, require_gating_func
+from ..ggml import Tensor
+from ..model import Layer, Model, TensorCreator, require, require_gating_func
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TENSOR_SKIP, ModelLoader, tn
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM
@@ -200,25 +201,33 @@ def build(g: GraphContext) -> None:
             inp_sa = ggml.get_rows(inp_sa, inp_out_ids)
         ffn_inp = ggml.add(cur, inp_sa)
         g.cb(ffn_inp, "ffn_inp", il)
-        cur = g.build_norm(ffn_inp, layer.ffn_norm, None, LLM_NORM_RMS, il)
-        g.cb(cur, "ffn_norm", il)
-        if il < hp.n_layer_dense_lead:
-            cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None,
-                              LLM_FFN_SILU, LLM_FFN_PAR, il)
-            g.cb(cur, "ffn_out", il)
-        else:
-            moe_out = g.build_moe_ffn(cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps,
-                                      layer.ffn_down_exps, layer.ffn_exp_probs_b, hp.n_expert, hp.n_expert_used(),
-                                      LLM_FFN_SILU, hp.expert_weights_norm, hp.expert_weights_scale,
-                                      hp.expert_gating_func, il, gate_up_exps=layer.ffn_gate_up_exps)
-            g.cb(moe_out, "ffn_moe_out", il)
-            ffn_shexp = g.build_ffn(cur, layer.ffn_up_shexp, None, layer.ffn_gate_shexp, None, layer.ffn_down_shexp,
-                                    None, LLM_FFN_SILU, LLM_FFN_PAR, il)
-            g.cb(ffn_shexp, "ffn_shexp", il)
-            cur = ggml.add(moe_out, ffn_shexp)
-            g.cb(cur, "ffn_out", il)
+        cur = build_ffn_dense_or_moe(g, layer, ffn_inp, hp.expert_weights_norm, il)
         cur = ggml.add(cur, ffn_inp)
         g.cb(cur, "l_out", il)
         inp_l = cur
 
     g.build_output(inp_l, h_nextn=True)
+
+
+def build_ffn_dense_or_moe(g: GraphContext, layer: Layer, ffn_inp: Tensor, norm_w: bool, il: int) -> Tensor:
+    """The FFN half of deepseek2.cpp's layer, which deepseek32.cpp and kimi-linear.cpp repeat: RMS norm,
+    then a dense SiLU FFN on the leading layers, else the routed experts plus the shared ones."""
+    hp = g.hparams
+    cur = g.build_norm(ffn_inp, layer.ffn_norm, None, LLM_NORM_RMS, il)
+    g.cb(cur, "ffn_norm", il)
+    if il < hp.n_layer_dense_lead:
+        cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None,
+                          LLM_FFN_SILU, LLM_FFN_PAR, il)
+        g.cb(cur, "ffn_out", il)
+        return cur
+    moe_out = g.build_moe_ffn(cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps,
+                              layer.ffn_down_exps, layer.ffn_exp_probs_b, hp.n_expert, hp.n_expert_used(),
+                              LLM_FFN_SILU, norm_w, hp.expert_weights_scale,
+                              hp.expert_gating_func, il, gate_up_exps=layer.ffn_gate_up_exps)
+    g.cb(moe_out, "ffn_moe_out", il)
+    ffn_shexp = g.build_ffn(cur, layer.ffn_up_shexp, None, layer.ffn_gate_shexp, None, layer.ffn_down_shexp,
+                            None, LLM_FFN_SILU, LLM_FFN_PAR, il)
+    g.cb(ffn_shexp, "ffn_shexp", il)
+    cur = ggml.add(moe_out, ffn_shexp)
+    g.cb(cur, "ffn_out", il)
+    return cur

@@ -140,8 +140,8 @@ def _check_lazy(ml: ModelLoader, t) -> None:
 
 def build(g: GraphContext) -> None:
     """llama_model_gemma4::graph"""
-    model, hp, cp = g.model, g.hparams, g.cparams
-    n_tokens, n_layer = g.ubatch.n_tokens, hp.n_layer
+    model, hp = g.model, g.hparams
+    n_tokens = g.ubatch.n_tokens
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_l = ggml.scale(inp_l, math.sqrt(hp.n_embd))
     g.cb(inp_l, "inp_scaled", -1)

@@ -13,11 +13,12 @@ import math
 
 from .. import ggml
 from ..ggml import Tensor
-from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext, RSInput
+from ..graph import LLM_NORM_RMS, GraphContext, RSInput
 from ..hparams import LLAMA_ROPE_TYPE_NONE, HParams
 from ..model import Layer, Model, TensorCreator, require, require_gating_func
 from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
 from .delta_net import build_delta_net_fused, build_gdn_l2_norm
+from .deepseek2 import build_ffn_dense_or_moe
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NONE
 
@@ -161,22 +162,7 @@ def build(g: GraphContext) -> None:
             inp_sa = ggml.get_rows(inp_sa, inp_out_ids)
         ffn_inp = ggml.add(cur, inp_sa)
         g.cb(ffn_inp, "ffn_inp", il)
-        cur = g.build_norm(ffn_inp, layer.ffn_norm, None, LLM_NORM_RMS, il)
-        g.cb(cur, "ffn_norm", il)
-        if il < hp.n_layer_dense_lead:
-            cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None,
-                              LLM_FFN_SILU, LLM_FFN_PAR, il)
-            g.cb(cur, "ffn_out", il)
-        else:
-            moe_out = g.build_moe_ffn(cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps,
-                                      layer.ffn_down_exps, layer.ffn_exp_probs_b, hp.n_expert, hp.n_expert_used(),
-                                      LLM_FFN_SILU, True, hp.expert_weights_scale, hp.expert_gating_func, il)
-            g.cb(moe_out, "ffn_moe_out", il)
-            ffn_shexp = g.build_ffn(cur, layer.ffn_up_shexp, None, layer.ffn_gate_shexp, None, layer.ffn_down_shexp,
-                                    None, LLM_FFN_SILU, LLM_FFN_PAR, il)
-            g.cb(ffn_shexp, "ffn_shexp", il)
-            cur = ggml.add(moe_out, ffn_shexp)
-            g.cb(cur, "ffn_out", il)
+        cur = build_ffn_dense_or_moe(g, layer, ffn_inp, True, il)
         cur = ggml.add(cur, ffn_inp)
         g.cb(cur, "l_out", il)
         inp_l = cur

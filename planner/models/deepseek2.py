@@ -157,20 +157,7 @@ def build(g: GraphContext) -> None:
             g.cb(q_pe, "q_pe", il)
             q_pe = ggml.rope_ext(q_pe, inp_pos, None, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn)
             g.cb(q_pe, "q_pe", il)
-            q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
-            g.cb(q_nope, "q_nope_perm", il)
-            q_nope_absorbed = ggml.mul_mat(layer.wk_b, q_nope)
-            g.cb(q_nope_absorbed, "q_nope_absorbed", il)
-            q_nope_absorbed = ggml.permute(q_nope_absorbed, 0, 2, 1, 3)
-            g.cb(q_nope_absorbed, "q_nope_absorbed_perm", il)
-            q_cur = ggml.concat(q_nope_absorbed, q_pe, 0)   # rope last: build_rope_shift works in place
-            g.cb(q_cur, "Qcur", il)
-            kv_cmpr = ggml.reshape(kv_cmpr, kv_lora_rank, 1, n_tokens)
-            g.cb(kv_cmpr, "kv_cmpr_reshape", il)
-            k_cur = ggml.concat(kv_cmpr, k_pe, 0)
-            g.cb(k_cur, "Kcur", il)
-            v_cur = kv_cmpr
-            g.cb(v_cur, "Vcur", il)
+            q_cur, k_cur, v_cur = build_mla_absorbed(g, layer, q_nope, q_pe, kv_cmpr, k_pe, il)
             if inp_attn_scale is not None:
                 q_cur = ggml.mul(q_cur, inp_attn_scale)
                 g.cb(q_cur, "Qcur_attn_temp_scaled", il)
@@ -231,3 +218,24 @@ def build_ffn_dense_or_moe(g: GraphContext, layer: Layer, ffn_inp: Tensor, norm_
     cur = ggml.add(moe_out, ffn_shexp)
     g.cb(cur, "ffn_out", il)
     return cur
+
+
+def build_mla_absorbed(g: GraphContext, layer: Layer, q_nope: Tensor, q_pe: Tensor, kv_cmpr: Tensor, k_pe: Tensor,
+                       il: int) -> tuple[Tensor, Tensor, Tensor]:
+    """deepseek2.cpp's MLA with the absorption (deepseek32.cpp and kimi-linear.cpp repeat it): Q's no-rope
+    part through wk_b beside its rope part, K the normed latent beside k_pe, V the latent itself."""
+    kv_lora_rank, n_tokens = kv_cmpr.ne[0], kv_cmpr.ne[1]
+    q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
+    g.cb(q_nope, "q_nope_perm", il)
+    q_nope_absorbed = ggml.mul_mat(layer.wk_b, q_nope)
+    g.cb(q_nope_absorbed, "q_nope_absorbed", il)
+    q_nope_absorbed = ggml.permute(q_nope_absorbed, 0, 2, 1, 3)
+    g.cb(q_nope_absorbed, "q_nope_absorbed_perm", il)
+    q_cur = ggml.concat(q_nope_absorbed, q_pe, 0)   # rope last: build_rope_shift works in place
+    g.cb(q_cur, "Qcur", il)
+    kv_cmpr = ggml.reshape(kv_cmpr, kv_lora_rank, 1, n_tokens)
+    g.cb(kv_cmpr, "kv_cmpr_reshape", il)
+    k_cur = ggml.concat(kv_cmpr, k_pe, 0)
+    g.cb(k_cur, "Kcur", il)
+    g.cb(kv_cmpr, "Vcur", il)
+    return q_cur, k_cur, kv_cmpr

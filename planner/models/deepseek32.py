@@ -15,7 +15,7 @@ from ..graph import LLM_NORM, LLM_NORM_RMS, GraphContext, c_reciprocal
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_ROPE_TYPE_NORM, HParams
 from ..model import Model, TensorCreator, require, require_gating_func
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TENSOR_SKIP, ModelLoader, tn
-from .deepseek2 import build_ffn_dense_or_moe
+from .deepseek2 import build_ffn_dense_or_moe, build_mla_absorbed
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM
 
@@ -218,20 +218,7 @@ def build_dsa(g: GraphContext, indexer_rope_type: int, is_indexer_full: Callable
         g.cb(kv_cmpr, "kv_cmpr", il)
 
         # MLA attention
-        q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
-        g.cb(q_nope, "q_nope_perm", il)
-        q_nope_absorbed = ggml.mul_mat(layer.wk_b, q_nope)
-        g.cb(q_nope_absorbed, "q_nope_absorbed", il)
-        q_nope_absorbed = ggml.permute(q_nope_absorbed, 0, 2, 1, 3)
-        g.cb(q_nope_absorbed, "q_nope_absorbed_perm", il)
-        q_cur = ggml.concat(q_nope_absorbed, q_pe, 0)   # rope last: build_rope_shift works in place
-        g.cb(q_cur, "Qcur", il)
-        kv_cmpr = ggml.reshape(kv_cmpr, kv_lora_rank, 1, n_tokens)
-        g.cb(kv_cmpr, "kv_cmpr_reshape", il)
-        k_cur = ggml.concat(kv_cmpr, k_pe, 0)
-        g.cb(k_cur, "Kcur", il)
-        v_cur = kv_cmpr
-        g.cb(v_cur, "Vcur", il)
+        q_cur, k_cur, v_cur = build_mla_absorbed(g, layer, q_nope, q_pe, kv_cmpr, k_pe, il)
         cur = g.build_attn_k_dsa(inp_attn_dsa, layer.wo, None, q_cur, k_cur, v_cur, layer.wv_b, top_k, kq_scale, il)
 
         if il == hp.n_layer - 1:

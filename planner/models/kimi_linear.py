@@ -18,7 +18,7 @@ from ..hparams import LLAMA_ROPE_TYPE_NONE, HParams
 from ..model import Layer, Model, TensorCreator, require, require_gating_func
 from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
 from .delta_net import build_delta_net_fused, build_gdn_l2_norm
-from .deepseek2 import build_ffn_dense_or_moe
+from .deepseek2 import build_ffn_dense_or_moe, build_mla_absorbed
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NONE
 
@@ -293,20 +293,7 @@ def build_mla(g: GraphContext, inp, cur: Tensor, il: int) -> Tensor:
     q_pe = ggml.view(q, (n_embd_head_qk_rope, n_head, n_tokens), (q_row, q_row * n_head),
                      ggml.row_size(q.type, n_embd_head_qk_nope))
     g.cb(q_pe, "q_pe", il)
-    q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
-    g.cb(q_nope, "q_nope_perm", il)
-    q_nope_absorbed = ggml.mul_mat(layer.wk_b, q_nope)
-    g.cb(q_nope_absorbed, "q_nope_absorbed", il)
-    q_nope_absorbed = ggml.permute(q_nope_absorbed, 0, 2, 1, 3)
-    g.cb(q_nope_absorbed, "q_nope_absorbed_perm", il)
-    q_cur = ggml.concat(q_nope_absorbed, q_pe, 0)
-    g.cb(q_cur, "Qcur", il)
-    kv_cmpr = ggml.reshape(kv_cmpr, kv_lora_rank, 1, n_tokens)
-    g.cb(kv_cmpr, "kv_cmpr_reshape", il)
-    k_cur = ggml.concat(kv_cmpr, k_pe, 0)
-    g.cb(k_cur, "Kcur", il)
-    v_cur = kv_cmpr
-    g.cb(v_cur, "Vcur", il)
+    q_cur, k_cur, v_cur = build_mla_absorbed(g, layer, q_nope, q_pe, kv_cmpr, k_pe, il)
     cur = g.build_attn(inp, layer.wo, None, q_cur, k_cur, v_cur, kq_scale, il, v_mla=layer.wv_b)
     g.cb(cur, "mla_out", il)
     return cur

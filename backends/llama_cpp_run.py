@@ -52,6 +52,7 @@ MISSING_MESSAGE = ("schedplan run needs the 'run' extra: "
 # include/llama.h
 FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+POOLING_TYPES = {"unspecified": -1, "none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}   # enum llama_pooling_type
 LLAMA_LOAD_MODE_NONE = 0          # include/llama.h llama_load_mode
 # ggml-backend.h enum ggml_backend_buffer_usage
 BUFFER_USAGES = {0: "any", 1: "weights", 2: "compute"}
@@ -579,6 +580,8 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
             setattr(cp, key, type_by_name(value))
         cp.kv_unified = params.kv_unified
         cp.swa_full = params.swa_full
+        cp.embeddings = params.embeddings
+        cp.pooling_type = POOLING_TYPES[params.pooling_type]
         cp.offload_kqv = params.offload_kqv
         cp.op_offload = params.op_offload
         cp.n_threads = cp.n_threads_batch = max(1, os.cpu_count() or 1)
@@ -676,14 +679,16 @@ def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str
         if m:
             weights[name] = weights.get(name, 0) + m
 
-    # the output buffer: output_reserve(n_seq_max) at construction, logits only (C:2116-2207)
+    # the output buffer: output_reserve(n_seq_max) at construction: logits, and embeddings when the
+    # context computes them (C:2116-2207)
     if len(parsed["output"]) != 1:
         raise RunError(f"expected one 'output buffer size' line in llama.cpp's log, found {len(parsed['output'])}")
     out_name, out_mib = parsed["output"][0]
-    out_bytes = ggml.allocated_size(out_name, n_vocab * n_seq_max * 4)
+    n_embd_out = llama_cpp.llama_model_n_embd_out(model) if params.embeddings else 0
+    out_bytes = ggml.allocated_size(out_name, (n_vocab + n_embd_out) * n_seq_max * 4)
     if mib2(out_bytes) != out_mib:
-        raise RunError(f"output buffer: expected {out_bytes} bytes ({mib2(out_bytes)} MiB) for n_vocab {n_vocab} x "
-                       f"n_seq_max {n_seq_max} floats, llama.cpp logged {out_mib} MiB")
+        raise RunError(f"output buffer: expected {out_bytes} bytes ({mib2(out_bytes)} MiB) for (n_vocab {n_vocab} + "
+                       f"n_embd_out {n_embd_out}) x n_seq_max {n_seq_max} floats, llama.cpp logged {out_mib} MiB")
     output = {out_name: out_bytes}
 
     # the reserve's ubatches (graph_reserve rounds n_tokens up to a multiple of n_seqs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import ggml
-from .hparams import HParams
+from .hparams import LLAMA_POOLING_TYPE_NONE, LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_POOLING_TYPES, HParams
 from .params import Params
 
 LLAMA_MAX_SEQ = 256
@@ -43,6 +43,8 @@ class CParams:
     auto_fhc: bool = True
     n_rs_seq: int = 0       # recurrent-state snapshots per sequence for rollback (0: the arch has none)
     mtp: bool = False       # LLAMA_CONTEXT_TYPE_MTP: the NextN draft head's context
+    embeddings: bool = False
+    pooling_type: int = LLAMA_POOLING_TYPE_NONE
 
 
 def pad_u32(x: int, n: int) -> int:
@@ -116,4 +118,12 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
         offload_kqv=params.offload_kqv, op_offload=params.op_offload,
         type_k=type_k, type_v=type_v, swa_full=params.swa_full,
         n_rs_seq=n_rs_seq, mtp=params.ctx_type == "mtp",
+        embeddings=params.embeddings, pooling_type=pooling_type(params, hp),
     )
+
+
+def pooling_type(params: Params, hp: HParams) -> int:
+    """The context's pooling: --pooling, else the model's, else none (llama_context's constructor)."""
+    if params.pooling_type != "unspecified":
+        return LLAMA_POOLING_TYPES[params.pooling_type]
+    return LLAMA_POOLING_TYPE_NONE if hp.pooling_type == LLAMA_POOLING_TYPE_UNSPECIFIED else hp.pooling_type

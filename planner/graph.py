@@ -12,7 +12,8 @@ from typing import Callable, Optional, Union
 from . import ggml
 from .cparams import CParams
 from .ggml import Cgraph, GGMLAbort, Tensor
-from .hparams import LLAMA_SWA_TYPE_NONE
+from .hparams import (LLAMA_POOLING_TYPE_CLS, LLAMA_POOLING_TYPE_LAST, LLAMA_POOLING_TYPE_MEAN, LLAMA_POOLING_TYPE_NONE,
+                      LLAMA_POOLING_TYPE_RANK, LLAMA_SWA_TYPE_NONE)
 from .kv_cache import KVCache
 from .kv_cache_dsa import KVCacheDSA, KVCacheDSAISWA
 from .kv_cache_dsv4 import DSV4_CSA_RATIO, DSV4_HCA_RATIO, CompPlan, KVCacheDSV4, reserve_comp_plan
@@ -45,6 +46,13 @@ class AttnInput:
     kq_mask: Tensor
     k_rot: Optional[Tensor]
     v_rot: Optional[Tensor]
+
+
+@dataclass
+class AttnInputNoCache:
+    """llm_graph_input_attn_no_cache: no memory, the keys are the ubatch's own tokens"""
+    kq_mask: Tensor
+    kq_mask_swa: Optional[Tensor]
 
 
 @dataclass
@@ -158,7 +166,7 @@ SWIGLU_LIMIT_EPS = 1e-6   # a swiglu_clamp limit at or below this is no limit (l
 class GraphContext:
     model: Model
     cparams: CParams
-    kv: Union[KVCache, KVCacheISWA, KVCacheDSA, KVCacheDSAISWA, KVCacheDSV4, MemoryRecurrent, MemoryHybrid]
+    kv: Union[KVCache, KVCacheISWA, KVCacheDSA, KVCacheDSAISWA, KVCacheDSV4, MemoryRecurrent, MemoryHybrid, None]
     ubatch: Ubatch
     # graph_get_cb's backend pinning: pin(tensor, il) for "norm" and "l_last" (llama-context.cpp:2635)
     pin: Callable[[Tensor, int], None]
@@ -167,6 +175,7 @@ class GraphContext:
     gf: Cgraph = field(default_factory=Cgraph)
     t_logits: Optional[Tensor] = None
     t_embd: Optional[Tensor] = None
+    t_embd_pooled: Optional[Tensor] = None
     t_inp_embd: Optional[Tensor] = None  # res->t_inp_embd: the input rows (n_embd of each when n_embd_inp is wider)
     t_h_nextn: Optional[Tensor] = None   # the last hidden state, kept for multi-token prediction
     t_inp_tokens: Optional[Tensor] = None  # res->t_inp_tokens
@@ -231,6 +240,31 @@ class GraphContext:
         cur.set_input()
         set_name(cur, "out_ids")
         return cur
+
+    def build_inp_mean(self) -> Tensor:
+        cur = ggml.new_tensor(ggml.T.F32, self.ubatch.n_tokens, self.ubatch.n_seqs_unq)
+        cur.set_input()
+        set_name(cur, "mean")
+        return cur
+
+    def build_inp_cls(self) -> Tensor:
+        cur = ggml.new_tensor(ggml.T.I32, self.ubatch.n_seqs_unq)
+        cur.set_input()
+        set_name(cur, "cls")
+        return cur
+
+    def build_attn_inp_no_cache(self) -> AttnInputNoCache:
+        """build_attn_inp_no_cache: an n_tokens x n_tokens mask (f16 for flash attention), and one
+        for the sliding-window layers."""
+        type_mask = ggml.T.F16 if self.cparams.flash_attn else ggml.T.F32
+        kq_mask = ggml.new_tensor(type_mask, self.ubatch.n_tokens, self.ubatch.n_tokens, 1, 1)
+        kq_mask.set_input()
+        self.cb(kq_mask, "self_kq_mask", -1)
+        kq_mask_swa = None
+        if self.hparams.swa_type != LLAMA_SWA_TYPE_NONE:
+            kq_mask_swa = ggml.new_tensor(type_mask, self.ubatch.n_tokens, self.ubatch.n_tokens, 1, 1)
+            kq_mask_swa.set_input()
+        return AttnInputNoCache(kq_mask, kq_mask_swa)
 
     def build_attn_inp_kv(self) -> AttnInput:
         """build_attn_inp_kv_impl"""
@@ -788,6 +822,8 @@ class GraphContext:
         the output projection."""
         if isinstance(inp, AttnInputK):
             return self.build_attn_k(inp, wo, bo, q_cur, k_cur, v_cur, kq_scale, il, v_mla, sinks)
+        if isinstance(inp, AttnInputNoCache):
+            return self.build_attn_no_cache(inp, wo, bo, q_cur, k_cur, v_cur, kq_scale, il, sinks, v_mla, wo_s)
         iswa = isinstance(inp, AttnInputISWA)
         if iswa:
             inp = inp.swa if self.hparams.is_swa(il) else inp.base
@@ -810,6 +846,22 @@ class GraphContext:
         self.cb(cur, "kqv_out", il)
         if inp.v_rot is not None:
             cur = mul_mat_hadamard(cur, inp.v_rot)
+        if wo is not None:
+            cur = self.build_lora_mm(wo, cur, wo_s)
+        if bo is not None:
+            cur = ggml.add(cur, bo)
+        return cur
+
+    def build_attn_no_cache(self, inp: AttnInputNoCache, wo: Optional[Tensor], bo: Optional[Tensor], q_cur: Tensor,
+                            k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int, sinks: Optional[Tensor] = None,
+                            v_mla: Optional[Tensor] = None, wo_s: Optional[Tensor] = None) -> Tensor:
+        """build_attn(llm_graph_input_attn_no_cache *): q, k, v expanded together (fewer splits),
+        attention over the ubatch itself with the layer's mask."""
+        for t in (q_cur, k_cur, v_cur):
+            ggml.build_forward_expand(self.gf, t)
+        kq_mask = inp.kq_mask_swa if self.hparams.is_swa(il) else inp.kq_mask
+        cur = self.build_attn_mha(q_cur, k_cur, v_cur, kq_mask, kq_scale, il, sinks, v_mla)
+        self.cb(cur, "kqv_out", il)
         if wo is not None:
             cur = self.build_lora_mm(wo, cur, wo_s)
         if bo is not None:
@@ -972,9 +1024,68 @@ class GraphContext:
         self.t_logits = cur
         ggml.build_forward_expand(self.gf, cur)
 
+    def build_pooling(self) -> None:
+        """build_pooling (llama_model::build_graph adds it after every architecture's graph): with
+        embeddings, t_embd pooled by the context's pooling type into t_embd_pooled; rank runs the
+        classification head."""
+        if not self.cparams.embeddings:
+            return
+        model, hp, inp = self.model, self.hparams, self.t_embd
+        if inp is None:
+            raise GGMLAbort("llama.cpp would abort building the graph (build_pooling GGML_ASSERT: missing "
+                            "result_norm/result_embd tensor)")
+        pooling = self.cparams.pooling_type
+        if pooling == LLAMA_POOLING_TYPE_NONE:
+            cur = inp
+        elif pooling == LLAMA_POOLING_TYPE_MEAN or (pooling == LLAMA_POOLING_TYPE_RANK
+                                                    and hp.pooling_type_cls == LLAMA_POOLING_TYPE_MEAN):
+            cur = ggml.mul_mat(ggml.cont(ggml.transpose(inp)), self.build_inp_mean())
+        elif pooling in (LLAMA_POOLING_TYPE_CLS, LLAMA_POOLING_TYPE_LAST, LLAMA_POOLING_TYPE_RANK):
+            cur = ggml.get_rows(inp, self.build_inp_cls())
+        else:
+            raise GGMLAbort(f"llama.cpp would abort building the graph (build_pooling: GGML_ABORT unknown pooling "
+                            f"type {pooling})")
+        if pooling == LLAMA_POOLING_TYPE_RANK:
+            if model.cls is not None:   # the classification head
+                cur = ggml.mul_mat(model.cls, cur)
+                if model.cls_b is not None:
+                    cur = ggml.add(cur, model.cls_b)
+                cur = ggml.unary(cur, "GELU" if hp.arch == "modern-bert" else "TANH")
+                if model.cls_norm is not None:
+                    cur = self.build_norm(cur, model.cls_norm, None, LLM_NORM, -1)
+            if model.cls_out is not None:
+                cur = ggml.mul_mat(model.cls_out, cur)
+                if model.cls_out_b is not None:
+                    cur = ggml.add(cur, model.cls_out_b)
+            if hp.arch in ("qwen3", "qwen3vl"):   # the qwen3 reranker's softmax
+                cur = ggml.soft_max(cur)
+        self.cb(cur, "result_embd_pooled", -1)
+        self.t_embd_pooled = cur
+        ggml.build_forward_expand(self.gf, cur)
+
+    def build_dense_out(self) -> None:
+        """build_dense_out: with embeddings, sentence-transformers' dense projections after pooling."""
+        model = self.model
+        dense_2, dense_2_b, dense_3 = model.dense_2_out_layers, model.dense_2_out_layers_b, model.dense_3_out_layers
+        if not self.cparams.embeddings or (dense_2 is None and dense_2_b is None and dense_3 is None):
+            return
+        cur = self.t_embd_pooled if self.t_embd_pooled is not None else self.t_embd
+        if cur is None:
+            raise GGMLAbort("llama.cpp would abort building the graph (build_dense_out GGML_ASSERT: missing "
+                            "t_embd_pooled/t_embd)")
+        if dense_2 is not None:
+            cur = ggml.mul_mat(dense_2, cur)
+        if dense_2_b is not None:
+            cur = ggml.add(cur, dense_2_b)
+        if dense_3 is not None:
+            cur = ggml.mul_mat(dense_3, cur)
+        self.cb(cur, "result_embd_pooled", -1)
+        self.t_embd_pooled = cur
+        ggml.build_forward_expand(self.gf, cur)
+
     def set_outputs(self) -> None:
         """llm_graph_result::set_outputs"""
-        for t in (self.t_logits, self.t_embd, self.t_h_nextn):
+        for t in (self.t_logits, self.t_embd, self.t_embd_pooled, self.t_h_nextn):
             if t is not None:
                 t.set_output()
 

@@ -15,7 +15,8 @@ from . import ggml, models
 from .arch import LAYER_INPUT, LAYER_OUTPUT, LLM_TENSOR_INFOS
 from .gallocr import alloc_ctx_tensors
 from .ggml import Buffer, Tensor
-from .hparams import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_ROPE_SCALING_TYPES, HParams
+from .hparams import (LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_ROPE_SCALING_TYPES,
+                      HParams)
 from .gguf import BOOL, INT32, UINT32, shown
 from .model_loader import (TENSOR_ALLOW_RESHAPE, TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TENSOR_READ_LAZY, TENSOR_SKIP,
                            TN, ModelLoader, tn)
@@ -70,6 +71,9 @@ class Layer:
     visexp_ffn_up: Optional[Tensor] = None
     attn_post_norm: Optional[Tensor] = None
     attn_out_norm: Optional[Tensor] = None
+    attn_out_norm_b: Optional[Tensor] = None
+    layer_out_norm: Optional[Tensor] = None      # BERT's post-FFN norm
+    layer_out_norm_b: Optional[Tensor] = None
     ffn_norm: Optional[Tensor] = None
     ffn_norm_b: Optional[Tensor] = None
     ffn_gate: Optional[Tensor] = None
@@ -275,6 +279,15 @@ class Model:
     tok_norm: Optional[Tensor] = None               # RWKV's LN0 after the embeddings
     tok_norm_b: Optional[Tensor] = None
     pos_embd: Optional[Tensor] = None               # learned positions (starcoder, gpt2, ...)
+    type_embd: Optional[Tensor] = None              # BERT's token-type rows
+    cls: Optional[Tensor] = None                    # build_pooling's classification (rank) head
+    cls_b: Optional[Tensor] = None
+    cls_out: Optional[Tensor] = None
+    cls_out_b: Optional[Tensor] = None
+    cls_norm: Optional[Tensor] = None
+    dense_2_out_layers: Optional[Tensor] = None     # build_dense_out: sentence-transformers' dense modules
+    dense_2_out_layers_b: Optional[Tensor] = None
+    dense_3_out_layers: Optional[Tensor] = None
     output_norm: Optional[Tensor] = None
     output_norm_b: Optional[Tensor] = None
     output: Optional[Tensor] = None
@@ -317,9 +330,14 @@ def load_hparams(ml: ModelLoader) -> HParams:
     arch = models.arch_module(ml)
     hp = HParams(ml.arch)
     hp.n_vocab = ml.n_tokens()
+    hp.n_token_types = ml.get_u32("tokenizer.ggml.token_type_count", 0)
     hp.n_ctx_train = ml.get_u32("%s.context_length")
     hp.n_embd = ml.get_u32("%s.embedding_length")
+    hp.n_embd_out_impl = ml.get_u32("%s.embedding_length_out", 0)
     hp.causal_attn = ml.get_bool("%s.attention.causal", True)
+    # enum llama_pooling_type read from a uint32_t (llama_model_loader::get_key's overload)
+    hp.pooling_type = ml.get_i32_from_u32("%s.pooling_type", LLAMA_POOLING_TYPE_UNSPECIFIED)
+    hp.pooling_type_cls = ml.get_i32_from_u32("%s.classifier.pooling_type", LLAMA_POOLING_TYPE_UNSPECIFIED)
     n_layer = ml.get_u32("%s.block_count")     # n_layer_all: per-layer arrays have this many entries
     require(ml, 0 < n_layer <= LLAMA_MAX_LAYERS,
             f"{ml.key('%s.block_count')} is {n_layer}, must be in 1..{LLAMA_MAX_LAYERS} (LLAMA_MAX_LAYERS)")
@@ -359,6 +377,10 @@ def load_hparams(ml: ModelLoader) -> HParams:
     hp.n_embd_head_v_swa = ml.get_u32("%s.attention.value_length_swa", hp.n_embd_head_v_full)
     hp.n_rot_swa = ml.get_u32("%s.rope.dimension_count_swa", hp.n_rot_full)
     hp.is_swa_arr = (False,) * n_layer
+    # for classifier models: as many outputs as labels
+    n_labels = ml.get_arr_n_str("%s.classifier.output_labels")
+    if n_labels > 0:
+        hp.n_cls_out = n_labels
 
     try:
         arch.load_arch_hparams(ml, hp)

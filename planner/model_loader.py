@@ -158,6 +158,24 @@ class ModelLoader:
             return default
         return self._typed(key, gguf_type)
 
+    def get_i32_from_u32(self, kv: str, default: int) -> int:
+        """get_key into an enum through a uint32_t (the enum's int reads the bits as signed)."""
+        value = self.get_u32(kv, default & 0xFFFFFFFF)
+        return value - (1 << 32) if value >= 1 << 31 else value
+
+    def get_arr_n_str(self, kv: str) -> int:
+        """get_arr into a std::vector<std::string>, not required: its length, 0 where the key is
+        absent or not an array; an array of another element type is refused as the loader refuses it."""
+        key = self.key(kv)
+        if not self.is_array(kv):
+            return 0
+        elem = self.header.kv_types[key][1]
+        if elem not in _ARRAY_ELEM_TYPES or elem == BOOL:
+            self.fail(f"{key} is not a string/float32/uint32/int32/uint64 array")
+        if elem != STRING:
+            self.fail(f"{key} has wrong array element type {_type_name(elem, None)}")
+        return len(self.header.get(key))
+
     def has(self, kv: str) -> bool:
         return self.header.get(self.key(kv)) is not None
 

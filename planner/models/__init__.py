@@ -24,6 +24,7 @@ ARCHS = {
     "bailingmoe": "bailingmoe",
     "bailingmoe2": "bailingmoe2",
     "bailingmoe3": "bailingmoe3",
+    "bert": "bert",
     "bitnet": "bitnet",
     "bloom": "bloom",
     "chameleon": "chameleon",

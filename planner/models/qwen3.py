@@ -25,7 +25,7 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
     n_embd, n_vocab, n_embd_gqa, n_embd_head_k = hp.n_embd, hp.n_vocab, hp.n_embd_v_gqa(), hp.n_embd_head_k()
     model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
     c.create_output(model, n_embd, n_vocab)
-    c.create_tensor(tn("CLS_OUT", "weight"), (n_embd, 1), TENSOR_NOT_REQUIRED)   # rerankers' head (n_cls_out 1)
+    model.cls_out = c.create_tensor(tn("CLS_OUT", "weight"), (n_embd, hp.n_cls_out), TENSOR_NOT_REQUIRED)   # rerankers' head
     for i, layer in enumerate(model.layers):
         n_ff = hp.n_ff(i)
         layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))

@@ -34,31 +34,58 @@ def require_equal_head_sizes(ml: ModelLoader, hp: HParams) -> None:
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:
     hp = model.hparams
-    n_embd, n_vocab, n_ff, n_embd_gqa = hp.n_embd, hp.n_vocab, hp.n_ff(), hp.n_embd_v_gqa()
-    n_token_types = hp.n_token_types
-    if n_token_types == 0:
-        c.ml.fail(f"{hp.arch} model needs to define token type count")
-    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
-    model.type_embd = c.create_tensor(tn("TOKEN_TYPES", "weight"), (n_embd, n_token_types), TENSOR_NOT_REQUIRED)
+    n_embd = hp.n_embd
+    create_tok_embd(c, model)
     model.pos_embd = c.create_tensor(tn("POS_EMBD", "weight"), (n_embd, hp.n_ctx_train))
     model.cls = c.create_tensor(tn("CLS", "weight"), (n_embd, n_embd), TENSOR_NOT_REQUIRED)
     model.cls_b = c.create_tensor(tn("CLS", "bias"), (n_embd,), TENSOR_NOT_REQUIRED)
     model.cls_out = c.create_tensor(tn("CLS_OUT", "weight"), (n_embd, hp.n_cls_out), TENSOR_NOT_REQUIRED)
     model.cls_out_b = c.create_tensor(tn("CLS_OUT", "bias"), (hp.n_cls_out,), TENSOR_NOT_REQUIRED)
-    model.tok_norm = c.create_tensor(tn("TOKEN_EMBD_NORM", "weight", 0), (n_embd,))
-    model.tok_norm_b = c.create_tensor(tn("TOKEN_EMBD_NORM", "bias", 0), (n_embd,))
+    create_tok_norm(c, model)
     for i, layer in enumerate(model.layers):
-        c.create_tensor_qkv(layer, i, n_embd, n_embd, n_embd_gqa, n_embd_gqa)
-        layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd, n_embd))
-        layer.bo = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
-        layer.attn_out_norm = c.create_tensor(tn("ATTN_OUT_NORM", "weight", i), (n_embd,))
-        layer.attn_out_norm_b = c.create_tensor(tn("ATTN_OUT_NORM", "bias", i), (n_embd,))
-        layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
-        layer.ffn_up_b = c.create_tensor(tn("FFN_UP", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
-        layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
-        layer.ffn_down_b = c.create_tensor(tn("FFN_DOWN", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
-        layer.layer_out_norm = c.create_tensor(tn("LAYER_OUT_NORM", "weight", i), (n_embd,))
-        layer.layer_out_norm_b = c.create_tensor(tn("LAYER_OUT_NORM", "bias", i), (n_embd,))
+        create_attn(c, layer, i, hp)
+        create_ffn(c, layer, i, hp)
+        create_layer_out_norm(c, layer, i, hp)
+
+
+# --- the loaders' shared parts (bert, nomic-bert, nomic-bert-moe, jina-bert-v3 create them alike) --------
+
+def create_tok_embd(c: TensorCreator, model: Model) -> None:
+    """The token rows and the optional token-type rows; a model without token types is refused."""
+    hp = model.hparams
+    if hp.n_token_types == 0:
+        c.ml.fail(f"{hp.arch} model needs to define token type count")
+    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (hp.n_embd, hp.n_vocab))
+    model.type_embd = c.create_tensor(tn("TOKEN_TYPES", "weight"), (hp.n_embd, hp.n_token_types), TENSOR_NOT_REQUIRED)
+
+
+def create_tok_norm(c: TensorCreator, model: Model) -> None:
+    model.tok_norm = c.create_tensor(tn("TOKEN_EMBD_NORM", "weight", 0), (model.hparams.n_embd,))
+    model.tok_norm_b = c.create_tensor(tn("TOKEN_EMBD_NORM", "bias", 0), (model.hparams.n_embd,))
+
+
+def create_attn(c: TensorCreator, layer, i: int, hp: HParams) -> None:
+    """Q/K/V, the output projection (its bias optional) and the post-attention LayerNorm."""
+    n_embd, n_embd_gqa = hp.n_embd, hp.n_embd_v_gqa()
+    c.create_tensor_qkv(layer, i, n_embd, n_embd, n_embd_gqa, n_embd_gqa)
+    layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_embd, n_embd))
+    layer.bo = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+    layer.attn_out_norm = c.create_tensor(tn("ATTN_OUT_NORM", "weight", i), (n_embd,))
+    layer.attn_out_norm_b = c.create_tensor(tn("ATTN_OUT_NORM", "bias", i), (n_embd,))
+
+
+def create_ffn(c: TensorCreator, layer, i: int, hp: HParams) -> None:
+    """The ungated FFN, its biases optional."""
+    n_embd, n_ff = hp.n_embd, hp.n_ff()
+    layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
+    layer.ffn_up_b = c.create_tensor(tn("FFN_UP", "bias", i), (n_ff,), TENSOR_NOT_REQUIRED)
+    layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
+    layer.ffn_down_b = c.create_tensor(tn("FFN_DOWN", "bias", i), (n_embd,), TENSOR_NOT_REQUIRED)
+
+
+def create_layer_out_norm(c: TensorCreator, layer, i: int, hp: HParams) -> None:
+    layer.layer_out_norm = c.create_tensor(tn("LAYER_OUT_NORM", "weight", i), (hp.n_embd,))
+    layer.layer_out_norm_b = c.create_tensor(tn("LAYER_OUT_NORM", "bias", i), (hp.n_embd,))
 
 
 def build(g: GraphContext) -> None:

@@ -148,7 +148,7 @@ class DSV4Input:
 # llm_norm_type, llm_ffn_op_type, llm_ffn_gate_type
 LLM_NORM, LLM_NORM_RMS = "NORM", "RMS_NORM"
 LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU, LLM_FFN_RELU_SQR = "SILU", "GELU", "RELU", "RELU_SQR"
-LLM_FFN_SWIGLU, LLM_FFN_GEGLU = "SWIGLU", "GEGLU"     # gate and up fused in ffn_up's rows
+LLM_FFN_SWIGLU, LLM_FFN_GEGLU, LLM_FFN_REGLU = "SWIGLU", "GEGLU", "REGLU"     # gate and up fused in ffn_up's rows
 LLM_FFN_SWIGLU_OAI_MOE = "SWIGLU_OAI_MOE"
 LLM_FFN_SITU = "SITU"
 # llama_expert_gating_func_type
@@ -579,8 +579,9 @@ class GraphContext:
                 self.cb(cur, "ffn_gate_s", il)
         else:
             cur = tmp
-        if type_op in (LLM_FFN_SWIGLU, LLM_FFN_GEGLU):
-            cur = ggml.glu(cur, ggml.GLU_SWIGLU if type_op == LLM_FFN_SWIGLU else ggml.GLU_GEGLU)
+        if type_op in (LLM_FFN_SWIGLU, LLM_FFN_GEGLU, LLM_FFN_REGLU):
+            cur = ggml.glu(cur, {LLM_FFN_SWIGLU: ggml.GLU_SWIGLU, LLM_FFN_GEGLU: ggml.GLU_GEGLU,
+                                 LLM_FFN_REGLU: ggml.GLU_REGLU}[type_op])
             self.cb(cur, f"ffn_{type_op.lower()}", il)
         elif type_op == LLM_FFN_RELU_SQR:   # ungated only: llama.cpp has no gated squared relu
             cur = ggml.unary(cur, "RELU")

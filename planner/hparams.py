@@ -62,6 +62,11 @@ class HParams:
     expert_gating_func: int = 0            # llama_expert_gating_func_type; 0 = NONE
     n_expert_shared: int = 0
     n_layer_dense_lead: int = 0
+    dense_2_feat_in: int = 0               # sentence-transformers' dense projections (gemma-embedding, gemma3)
+    dense_2_feat_out: int = 0
+    dense_3_feat_in: int = 0
+    dense_3_feat_out: int = 0
+    llm_ffn_op: str = ""                   # modern-bert: the FFN's op from hidden_activation (GEGLU by default)
     moe_every_n_layers: int = 0            # nomic-bert-moe: every n-th layer's FFN is an expert one
     n_lora_q: int = 0                      # multi-head latent attention (DeepSeek V2/V3)
     n_lora_kv: int = 0

@@ -290,6 +290,7 @@ class Model:
     dense_3_out_layers: Optional[Tensor] = None
     output_norm: Optional[Tensor] = None
     output_norm_b: Optional[Tensor] = None
+    output_norm_enc: Optional[Tensor] = None        # an encoder's output norm (neo-bert)
     output: Optional[Tensor] = None
     output_b: Optional[Tensor] = None
     per_layer_tok_embd: Optional[Tensor] = None     # gemma3n, gemma4 E2B/E4B

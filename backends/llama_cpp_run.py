@@ -8,8 +8,8 @@ Where each number comes from (never from the 2-decimal MiB of the log lines alon
   read through a small C shim (memory_breakdown.cpp) compiled on first use. Its "context" part is
   llama_memory::memory_breakdown(), i.e. the KV cache only: the output buffer is not in it.
 - output buffer: llama_context::output_reserve(n_seq_max) at construction asks the buffer type named
-  by the log line "output buffer size = X MiB" for n_vocab * n_seq_max floats (logits only: no
-  embeddings, no backend samplers, C:2116-2207); what that buffer type makes of the request is
+  by the log line "output buffer size = X MiB" for n_vocab * n_seq_max floats (logits only, and
+  T5's forced embeddings: no backend samplers, C:2116-2207); what that buffer type makes of the request is
   measured by allocating one such buffer (Vulkan_Host adds 32 bytes) and checked against the line.
 - graph nodes/splits, sched copies, effective n_ctx/n_batch/..., FA resolution, K/V types: parsed
   from llama.cpp's own log (sched_reserve, llama_context, llama_kv_cache), or read from the C API.
@@ -684,7 +684,9 @@ def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str
     if len(parsed["output"]) != 1:
         raise RunError(f"expected one 'output buffer size' line in llama.cpp's log, found {len(parsed['output'])}")
     out_name, out_mib = parsed["output"][0]
-    n_embd_out = llama_cpp.llama_model_n_embd_out(model) if params.embeddings else 0
+    # T5 keeps embeddings whether asked or not ("hacky enc-dec support", C:2131)
+    has_embd = params.embeddings or arch == "t5"
+    n_embd_out = llama_cpp.llama_model_n_embd_out(model) if has_embd else 0
     out_bytes = ggml.allocated_size(out_name, (n_vocab + n_embd_out) * n_seq_max * 4)
     if mib2(out_bytes) != out_mib:
         raise RunError(f"output buffer: expected {out_bytes} bytes ({mib2(out_bytes)} MiB) for (n_vocab {n_vocab} + "
@@ -807,6 +809,15 @@ def _unreplayable(result: dict) -> Optional[str]:
         return (f"the pp reservation has {n_tokens} tokens (rounded up to a multiple of "
                 f"n_seq_max {params['n_seq_max']}), more than n_ubatch {params['n_ubatch']}: no decode "
                 f"computes that ubatch, so its tensor offsets cannot be measured")
+    if result["model"]["arch"] == "t5encoder" and n_seqs > 1 and not params["kv_unified"]:
+        return ("a decode of several sequences over a non-unified cache splits the batch into equal "
+                "sequences, on which T5's encoder position buckets abort (llama-graph.cpp:181 "
+                "GGML_ASSERT(!ubatch->equal_seqs())): the reserve's tensor offsets cannot be measured")
+    if result["model"]["arch"] == "t5":
+        return ("T5's decoder reads the encoder output: a decode without llama_encode aborts (GGML_ASSERT "
+                "'llama_encode must be called first'), and an encode first runs the encoder graph through the "
+                "same scheduler, which re-plans the reserved compute buffers, so the reserve's tensor offsets "
+                "cannot be measured")
     # MiniMax sparse attention sizes its inputs by the positions in the cache: the reserve sees an
     # empty one (N_POS_PAD positions), a decode of more positions per sequence a larger graph, for
     # which llama.cpp grows the compute buffer past the reservation

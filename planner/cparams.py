@@ -58,6 +58,12 @@ RS_ROLLBACK_ARCHS = frozenset({"kimi-k3", "qwen35", "qwen35moe", "deepseek4", "g
                                "lfm2", "lfm2moe"})
 
 
+def llama_model_has_encoder(arch: str) -> bool:
+    """llama_model_has_encoder (llama-model.cpp): such a context keeps n_batch outputs whatever
+    n_outputs_max asks."""
+    return arch in ("t5", "t5encoder", "eagle3", "dflash")
+
+
 def derive_cparams(params: Params, hp: HParams) -> CParams:
     if params.n_ctx == 0 and hp.n_ctx_train == 0:   # llama_init_from_model
         raise BadParams("-c 0 takes the model's training context, which is 0: llama.cpp refuses the context "
@@ -68,7 +74,7 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
     n_ctx = hp.n_ctx_train if params.n_ctx == 0 else params.n_ctx
     n_batch = min(n_ctx, params.n_batch) if hp.causal_attn else params.n_batch
     n_ubatch = min(n_batch, params.n_batch if params.n_ubatch == 0 else params.n_ubatch)
-    n_outputs_max = params.n_outputs_max or n_batch
+    n_outputs_max = n_batch if params.n_outputs_max == 0 or llama_model_has_encoder(hp.arch) else params.n_outputs_max
     asked = f"-c {params.n_ctx}" + (f" (the training context, {hp.n_ctx_train})" if params.n_ctx == 0 else "")
     n_ctx = pad_u32(n_ctx, 256)                     # cparams.n_ctx is a uint32_t
     if params.kv_unified:

@@ -56,6 +56,12 @@ class AttnInputNoCache:
 
 
 @dataclass
+class AttnInputCross:
+    """llm_graph_input_attn_cross: the decoder's mask over the encoder output."""
+    kq_mask: Tensor
+
+
+@dataclass
 class AttnInputMSA(AttnInput):
     """llm_graph_input_attn_kv_msa: the base cache's inputs, and the indexer cache's K indices
     when MSA runs"""
@@ -450,6 +456,48 @@ class GraphContext:
         set_name(mask, "attn_inp_kq_mask")
         return mask
 
+    # --- encoder-decoder (t5) inputs ---------------------------------------------------
+
+    def build_attn_inp_cross(self) -> AttnInputCross:
+        """build_attn_inp_cross: an unnamed mask of n_enc x n_tokens; before any llama_encode (the
+        reserve) n_enc is n_ctx_train."""
+        mask = ggml.new_tensor(ggml.T.F16 if self.cparams.flash_attn else ggml.T.F32, self.hparams.n_ctx_train,
+                               self.ubatch.n_tokens, 1, 1)
+        mask.set_input()
+        return AttnInputCross(mask)
+
+    def build_inp_cross_embd(self) -> Tensor:
+        """build_inp_cross_embd: the encoder output the decoder attends, n_embd_inp x n_ctx_train
+        before any llama_encode (cross->v_embd empty: the reserve)."""
+        cur = ggml.new_tensor(ggml.T.F32, self.hparams.n_embd_inp(), self.hparams.n_ctx_train)
+        cur.set_input()
+        set_name(cur, "cross_embd")
+        return cur
+
+    def build_inp_pos_bucket_enc(self) -> Tensor:
+        n_tokens = self.ubatch.n_tokens
+        cur = ggml.new_tensor(ggml.T.I32, n_tokens, n_tokens)
+        cur.set_input()
+        set_name(cur, "pos_bucket_enc")
+        return cur
+
+    def build_inp_pos_bucket_dec(self) -> Tensor:
+        """build_inp_pos_bucket_dec: the buckets of every cached position for each token."""
+        cur = ggml.new_tensor(ggml.T.I32, self.kv.get_n_kv(), self.ubatch.n_tokens)
+        cur.set_input()
+        set_name(cur, "pos_bucket_dec")
+        return cur
+
+    def build_pos_bias(self, pos_bucket: Tensor, attn_rel_b: Tensor) -> Tensor:
+        """build_pos_bias: the relative position bias per head, [n_kv, n_tokens, n_head]."""
+        pos_bucket_1d = ggml.reshape(pos_bucket, pos_bucket.ne[0] * pos_bucket.ne[1])
+        self.cb(pos_bucket_1d, "pos_bucket_1d", -1)
+        pos_bias = ggml.get_rows(attn_rel_b, pos_bucket_1d)
+        pos_bias = ggml.reshape(pos_bias, pos_bias.ne[0], pos_bucket.ne[0], pos_bucket.ne[1])
+        pos_bias = ggml.cont(ggml.permute(pos_bias, 2, 0, 1, 3))
+        self.cb(pos_bias, "pos_bias", -1)
+        return pos_bias
+
     # --- layers ----------------------------------------------------------------------------------
 
     def build_lora_mm(self, w: Tensor, cur: Tensor, w_s: Optional[Tensor] = None) -> Tensor:
@@ -817,14 +865,15 @@ class GraphContext:
 
     def build_attn(self, inp, wo: Optional[Tensor], bo: Optional[Tensor], q_cur: Tensor, k_cur: Tensor,
                    v_cur: Tensor, kq_scale: float, il: int, sinks: Optional[Tensor] = None,
-                   v_mla: Optional[Tensor] = None, wo_s: Optional[Tensor] = None) -> Tensor:
+                   v_mla: Optional[Tensor] = None, wo_s: Optional[Tensor] = None,
+                   kq_b: Optional[Tensor] = None) -> Tensor:
         """build_attn(llm_graph_input_attn_kv *) and build_attn(llm_graph_input_attn_kv_iswa *): the
         iswa form picks the layer's cache and expands q, k, v (the plain form q, v, k); wo_s scales
-        the output projection."""
+        the output projection; kq_b is added to KQ (T5's position bias)."""
         if isinstance(inp, AttnInputK):
             return self.build_attn_k(inp, wo, bo, q_cur, k_cur, v_cur, kq_scale, il, v_mla, sinks)
-        if isinstance(inp, AttnInputNoCache):
-            return self.build_attn_no_cache(inp, wo, bo, q_cur, k_cur, v_cur, kq_scale, il, sinks, v_mla, wo_s)
+        if isinstance(inp, (AttnInputNoCache, AttnInputCross)):
+            return self.build_attn_no_cache(inp, wo, bo, q_cur, k_cur, v_cur, kq_scale, il, sinks, v_mla, wo_s, kq_b)
         iswa = isinstance(inp, AttnInputISWA)
         if iswa:
             inp = inp.swa if self.hparams.is_swa(il) else inp.base
@@ -843,7 +892,7 @@ class GraphContext:
             ggml.build_forward_expand(self.gf, kv.cpy_k(k_cur, inp.k_idxs, il))
         if v_cur is not None:
             ggml.build_forward_expand(self.gf, kv.cpy_v(v_cur, inp.v_idxs, il))
-        cur = self.build_attn_mha(q_cur, kv.get_k(il), kv.get_v(il), inp.kq_mask, kq_scale, il, sinks)
+        cur = self.build_attn_mha(q_cur, kv.get_k(il), kv.get_v(il), inp.kq_mask, kq_scale, il, sinks, kq_b=kq_b)
         self.cb(cur, "kqv_out", il)
         if inp.v_rot is not None:
             cur = mul_mat_hadamard(cur, inp.v_rot)
@@ -853,15 +902,20 @@ class GraphContext:
             cur = ggml.add(cur, bo)
         return cur
 
-    def build_attn_no_cache(self, inp: AttnInputNoCache, wo: Optional[Tensor], bo: Optional[Tensor], q_cur: Tensor,
-                            k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int, sinks: Optional[Tensor] = None,
-                            v_mla: Optional[Tensor] = None, wo_s: Optional[Tensor] = None) -> Tensor:
+    def build_attn_no_cache(self, inp: Union[AttnInputNoCache, AttnInputCross], wo: Optional[Tensor],
+                            bo: Optional[Tensor], q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float,
+                            il: int, sinks: Optional[Tensor] = None, v_mla: Optional[Tensor] = None,
+                            wo_s: Optional[Tensor] = None, kq_b: Optional[Tensor] = None) -> Tensor:
         """build_attn(llm_graph_input_attn_no_cache *): q, k, v expanded together (fewer splits),
-        attention over the ubatch itself with the layer's mask."""
+        attention over the ubatch itself with the layer's mask; build_attn(llm_graph_input_attn_cross *)
+        the same over the encoder output with the cross mask. kq_b: T5's position bias."""
         for t in (q_cur, k_cur, v_cur):
             ggml.build_forward_expand(self.gf, t)
-        kq_mask = inp.kq_mask_swa if self.hparams.is_swa(il) else inp.kq_mask
-        cur = self.build_attn_mha(q_cur, k_cur, v_cur, kq_mask, kq_scale, il, sinks, v_mla)
+        if isinstance(inp, AttnInputCross):
+            kq_mask = inp.kq_mask
+        else:
+            kq_mask = inp.kq_mask_swa if self.hparams.is_swa(il) else inp.kq_mask
+        cur = self.build_attn_mha(q_cur, k_cur, v_cur, kq_mask, kq_scale, il, sinks, v_mla, kq_b=kq_b)
         self.cb(cur, "kqv_out", il)
         if wo is not None:
             cur = self.build_lora_mm(wo, cur, wo_s)
@@ -927,10 +981,12 @@ class GraphContext:
         return ggml.add(kq_mask_top_k, kq_mask)
 
     def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int,
-                       sinks: Optional[Tensor] = None, v_mla: Optional[Tensor] = None, n_kv_max: int = 0) -> Tensor:
+                       sinks: Optional[Tensor] = None, v_mla: Optional[Tensor] = None, n_kv_max: int = 0,
+                       kq_b: Optional[Tensor] = None) -> Tensor:
         """build_attn_mha: FLASH_ATTN_EXT, or KQ, softmax, KQV; attention sinks join the softmax;
         v_mla decompresses MLA's values (after FLASH_ATTN_EXT as a matrix product over permuted rows);
-        n_kv_max: the keys a top-k mask leaves (sparse attention), 0 for a dense mask."""
+        n_kv_max: the keys a top-k mask leaves (sparse attention), 0 for a dense mask; a KQ bias
+        (kq_b) is added before the softmax and turns flash attention off for this attention."""
         hp = self.hparams
         v_trans = v.nb[1] > v.nb[2]
         n_stream = k.ne[3]
@@ -939,7 +995,7 @@ class GraphContext:
         q = ggml.permute(q, 0, 2, 1, 3)
         k = ggml.permute(k, 0, 2, 1, 3)
         v = ggml.permute(v, 0, 2, 1, 3)
-        if self.cparams.flash_attn:
+        if self.cparams.flash_attn and kq_b is None:
             if v_trans:
                 v = ggml.transpose(v)
             if k.type == ggml.T.F32:
@@ -972,6 +1028,9 @@ class GraphContext:
                 self.cb(kq, "kq_tanh", il)
                 kq = ggml.scale(kq, hp.f_attn_logit_softcapping)
                 self.cb(kq, "kq_scaled_2", il)
+            if kq_b is not None:
+                kq = ggml.add(kq, kq_b)
+                self.cb(kq, "kq_plus_kq_b", il)
             kq = ggml.soft_max_ext(kq, kq_mask, kq_scale, hp.f_max_alibi_bias)
             if sinks is not None:   # ggml_soft_max_add_sinks
                 kq.src.append(sinks)

@@ -142,6 +142,9 @@ class HParams:
     # nemotron_h: a non-recurrent layer is attention-only (no FFN size) or FFN-only (no KV heads)
     attn_only_arr: tuple[bool, ...] = ()
     ffn_only_arr: tuple[bool, ...] = ()
+    # t5, t5encoder: relative position buckets; t5's decoder block count (n_layer unless the file says)
+    n_rel_attn_bkts: int = 0
+    dec_n_layer: int = 0
     f_logit_scale: float = 0.0
     f_residual_scale: float = 0.0
     n_ff_shexp: int = 0

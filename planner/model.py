@@ -156,6 +156,24 @@ class Layer:
     ffn_routed_down: Optional[Tensor] = None   # kimi-k3: the routed experts' latent projections
     ffn_routed_up: Optional[Tensor] = None
     ffn_routed_norm: Optional[Tensor] = None
+    # t5, t5encoder: the encoder's block (*_enc), the decoder's relative position bias and cross-attention
+    attn_norm_enc: Optional[Tensor] = None
+    attn_rel_b_enc: Optional[Tensor] = None
+    wq_enc: Optional[Tensor] = None
+    wk_enc: Optional[Tensor] = None
+    wv_enc: Optional[Tensor] = None
+    wo_enc: Optional[Tensor] = None
+    ffn_norm_enc: Optional[Tensor] = None
+    ffn_gate_enc: Optional[Tensor] = None
+    ffn_down_enc: Optional[Tensor] = None
+    ffn_up_enc: Optional[Tensor] = None
+    attn_rel_b: Optional[Tensor] = None
+    attn_norm_cross: Optional[Tensor] = None
+    attn_rel_b_cross: Optional[Tensor] = None
+    wq_cross: Optional[Tensor] = None
+    wk_cross: Optional[Tensor] = None
+    wv_cross: Optional[Tensor] = None
+    wo_cross: Optional[Tensor] = None
     attn_norm_2: Optional[Tensor] = None       # RWKV: the time mix (attention) and channel mix (FFN)
     attn_norm_2_b: Optional[Tensor] = None
     time_mix_w0: Optional[Tensor] = None
@@ -298,6 +316,7 @@ class Model:
     altup_unembd_proj: Optional[Tensor] = None
     per_layer_model_proj: Optional[Tensor] = None
     per_layer_proj_norm: Optional[Tensor] = None
+    output_norm_enc: Optional[Tensor] = None        # t5, t5encoder: the encoder's final norm
     output_res_score: Optional[Tensor] = None       # kimi-k3: the final residual mix's scores
     hc_head_fn: Optional[Tensor] = None             # DeepSeek-V4: the hyper-connection streams merged for the head
     hc_head_base: Optional[Tensor] = None

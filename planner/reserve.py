@@ -96,8 +96,10 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
 
 def output_reserve_size(hp: HParams, cp: CParams) -> int:
     """output_reserve(n_seq_max) at construction: f32 logits for n_seq_max outputs, and as many
-    embeddings (n_embd_out wide) when the context computes them."""
-    n_floats = hp.n_vocab + (hp.n_embd_out() if cp.embeddings else 0)
+    embeddings (n_embd_out wide) when the context computes them, which T5 always does ("TODO:
+    hacky enc-dec support", llama-context.cpp:2131)."""
+    has_embd = cp.embeddings or hp.arch == "t5"
+    n_floats = hp.n_vocab + (hp.n_embd_out() if has_embd else 0)
     return n_floats * cp.n_seq_max * 4
 
 

@@ -271,6 +271,36 @@ def test_partial_rope_refused_where_llama_cpp_refuses_it(tmp_path, model):
     assert_cli_error(invoke(path, "-c", "4096"), "invalid n_rot: 32, expected 64")
 
 
+def test_t5_decoder_longer_than_encoder_refused_as_llama_cpp_refuses_it(tmp_path):
+    """llama_model_t5 places each decoder block by pimpl->dev_layer.at(bid), sized by block_count:
+    a t5.decoder_block_count above it fails the load (seen: 'vector::_M_range_check: __n (which is
+    4) >= this->size() (which is 4)' with tiny-t5's 4 blocks and 5 decoder blocks)."""
+    import copy
+
+    from fixtures.make_gguf import _write_header, load_config, tensor_specs
+    config = copy.deepcopy(load_config("tiny-t5"))
+    config["metadata"]["t5.decoder_block_count"] = 4
+    specs = tensor_specs(config)
+    config["metadata"]["t5.decoder_block_count"] = 5
+    path = tmp_path / "t5-dec5.gguf"
+    _write_header(config, path, specs)
+    assert_cli_error(invoke(path, "-c", "4096"), "t5.decoder_block_count is 5, more than the 4 blocks",
+                     "fails to load")
+
+
+@pytest.mark.parametrize("model", ["tiny-t5", "tiny-t5encoder"])
+def test_t5_without_relative_position_bias_refused_as_llama_cpp_crashes(tmp_path, model):
+    """attn_rel_b is optional at load, but build_pos_bias reads layer 0's when a layer has none:
+    without any, real llama.cpp dies of SIGSEGV building the reserve graph (seen, tiny-t5)."""
+    import copy
+
+    from fixtures.make_gguf import load_config, write_gguf
+    config = copy.deepcopy(load_config(model))
+    config["optional_tensors"] = [g for g in config["optional_tensors"] if "attn_rel_b" not in g]
+    path = write_gguf(config, tmp_path / "no-rel-b.gguf", header_only=True)
+    assert_cli_error(invoke(path, "-c", "4096"), "llama.cpp would crash", "layer 0 has no relative position bias")
+
+
 def test_mpt_qk_norm_aborts_as_llama_cpp_does(tmp_path):
     """mpt.cpp reshapes Q and K, views of the fused QKV product, to 2-D before their LayerNorms:
     ggml_reshape_2d's GGML_ASSERT(ggml_is_contiguous(a)) aborts real llama.cpp on a file with

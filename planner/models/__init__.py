@@ -150,6 +150,8 @@ ARCHS = {
     "starcoder": "starcoder",
     "starcoder2": "starcoder2",
     "step35": "step35",
+    "t5": "t5",
+    "t5encoder": "t5encoder",
     "talkie": "talkie",
     "xverse": "xverse",
 }

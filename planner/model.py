@@ -604,10 +604,12 @@ class TensorCreator:
         layer.nextn_shared_head_norm = self.create_tensor(tn("NEXTN_SHARED_HEAD_NORM", "weight", bid), (n_embd,),
                                                           TENSOR_NOT_REQUIRED | flags)
 
-    def create_output(self, model: Model, n_embd: int, n_vocab: int) -> None:
-        """The output head most builders share: output_norm, output or the tied token_embd."""
+    def create_output(self, model: Model, n_embd: int, n_vocab: int, n_vocab_out: Optional[int] = None) -> None:
+        """The output head most builders share: output_norm, output (n_vocab_out rows where the head is
+        narrower than the vocabulary: qwen3tts) or the tied token_embd."""
         model.output_norm = self.create_tensor(tn("OUTPUT_NORM", "weight"), (n_embd,))
-        model.output = self.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab), TENSOR_NOT_REQUIRED)
+        model.output = self.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab if n_vocab_out is None else n_vocab_out),
+                                          TENSOR_NOT_REQUIRED)
         if model.output is None:
             model.output = self.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab), TENSOR_DUPLICATED)
 

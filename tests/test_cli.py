@@ -449,6 +449,19 @@ def test_llama4_that_aborts_on_the_first_decode_is_refused_in_one_line(tmp_path,
     assert_cli_error(invoke(path), *needles)
 
 
+def test_qwen3tts_with_a_vocabulary_below_its_codec_head_is_refused_in_one_line(tmp_path):
+    """qwen3tts's lm_head is always 3072 rows (llama_model_qwen3vl::load_arch_tensors); a vocabulary
+    smaller than that loads, then qwen3vl.cpp's graph aborts ("invalid case", seen with real
+    llama.cpp at context creation): the plan refuses it in one line."""
+    import copy
+
+    from fixtures.make_gguf import load_config, write_gguf
+    config = copy.deepcopy(load_config("tiny-qwen3tts"))
+    config["vocab"]["n_vocab"] = 1024
+    path = write_gguf(config, tmp_path / "tts.gguf", header_only=True)
+    assert_cli_error(invoke(path), "invalid case", "3072 rows", "token_embd's 1024")
+
+
 @pytest.mark.parametrize("name", ["tiny-glm4moe", "tiny-qwen35-mtp", "tiny-qwen35moe-mtp", "tiny-qwen3next-mtp",
                                   "tiny-deepseek3-mtp", "tiny-nemotron-h-moe-mtp"])
 def test_a_file_of_the_mtp_blocks_alone_is_refused_in_one_line(tmp_path, name):

@@ -122,6 +122,7 @@ ARCHS = {
     "plamo2": "plamo2",
     "plamo3": "plamo3",
     "plm": "plm",
+    "pockettts": "pockettts",
     "qwen": "qwen",
     "qwen2": "qwen2",
     "qwen2moe": "qwen2moe",
@@ -131,6 +132,7 @@ ARCHS = {
     "qwen35moe": "qwen35moe",
     "qwen3moe": "qwen3moe",
     "qwen3next": "qwen3next",
+    "qwen3tts": "qwen3vl",       # llama_model_qwen3tts is llama_model_qwen3vl, its lm_head 3072 wide (models.h)
     "qwen3vl": "qwen3vl",
     "qwen3vlmoe": "qwen3vlmoe",
     "qwen4exp": "qwen4exp",

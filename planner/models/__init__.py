@@ -149,6 +149,7 @@ ARCHS = {
     "starcoder2": "starcoder2",
     "step35": "step35",
     "talkie": "talkie",
+    "wavtokenizer-dec": "wavtokenizer_dec",
     "xverse": "xverse",
 }
 SUPPORTED_ARCHS = tuple(ARCHS)

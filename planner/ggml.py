@@ -395,6 +395,10 @@ def norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
     return _unary_like("NORM", a, [a], (eps,), inplace)
 
 
+def group_norm(a: Tensor, n_groups: int, eps: float) -> Tensor:
+    return _unary_like("GROUP_NORM", a, [a], (n_groups, eps))
+
+
 def l2_norm(a: Tensor, eps: float) -> Tensor:
     return _unary_like("L2_NORM", a, [a], (eps,))
 
@@ -698,6 +702,22 @@ def conv_1d_ph(a: Tensor, b: Tensor, s: int, d: int) -> Tensor:
     """ggml_conv_1d_ph: half padding"""
     present(a)
     return conv_1d(a, b, s, a.ne[0] // 2, d)
+
+
+def conv_1d_dw(a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
+    """ggml_conv_1d_dw: a depthwise 1-D convolution, im2col over b as [L, 1, C] (f16, f32 for a bf16
+    kernel) times the kernel, [OL, C, 1]."""
+    present(a, b)
+    new_b = reshape(b, b.ne[0], 1, b.ne[1], b.ne[2])
+    col = im2col(a, new_b, s0, 0, p0, 0, d0, 0, False, T.F32 if a.type == T.BF16 else T.F16)
+    r = mul_mat(col, a)
+    return reshape(r, r.ne[0], r.ne[2], 1)
+
+
+def conv_1d_dw_ph(a: Tensor, b: Tensor, s0: int, d0: int) -> Tensor:
+    """ggml_conv_1d_dw_ph: half padding"""
+    present(a)
+    return conv_1d_dw(a, b, s0, a.ne[0] // 2, d0)
 
 
 POOL_MAX, POOL_AVG = 0, 1   # enum ggml_op_pool

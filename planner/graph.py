@@ -152,7 +152,7 @@ class DSV4Input:
 
 
 # llm_norm_type, llm_ffn_op_type, llm_ffn_gate_type
-LLM_NORM, LLM_NORM_RMS = "NORM", "RMS_NORM"
+LLM_NORM, LLM_NORM_RMS, LLM_NORM_GROUP = "NORM", "RMS_NORM", "GROUP_NORM"
 LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU, LLM_FFN_RELU_SQR = "SILU", "GELU", "RELU", "RELU_SQR"
 LLM_FFN_SWIGLU, LLM_FFN_GEGLU, LLM_FFN_REGLU = "SWIGLU", "GEGLU", "REGLU"     # gate and up fused in ffn_up's rows
 LLM_FFN_SWIGLU_OAI_MOE = "SWIGLU_OAI_MOE"
@@ -518,9 +518,14 @@ class GraphContext:
         return res
 
     def build_norm(self, cur: Tensor, mw: Optional[Tensor], mb: Optional[Tensor], type_: str, il: int) -> Tensor:
-        """build_norm with LLM_NORM or LLM_NORM_RMS"""
+        """build_norm with LLM_NORM, LLM_NORM_RMS or LLM_NORM_GROUP (over [n_tokens, channels] as one
+        row per channel)"""
         if type_ == LLM_NORM:
             cur = ggml.norm(cur, self.hparams.f_norm_eps)
+        elif type_ == LLM_NORM_GROUP:
+            cur = ggml.reshape(cur, cur.ne[0], 1, cur.ne[1])
+            cur = ggml.group_norm(cur, self.hparams.n_norm_groups, self.hparams.f_norm_group_eps)
+            cur = ggml.reshape(cur, cur.ne[0], cur.ne[2])
         else:
             cur = ggml.rms_norm(cur, self.hparams.f_norm_rms_eps)
         if mw is not None or mb is not None:

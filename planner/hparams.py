@@ -84,6 +84,12 @@ class HParams:
     indexer_block_size: int = 0            # minimax-m3's MSA: positions per block, and the local blocks always kept
     indexer_local_blocks: int = 0
     f_norm_eps: float = 0.0
+    f_norm_group_eps: float = 0.0          # wavtokenizer-dec: its group norms (LLM_NORM_GROUP)
+    n_norm_groups: int = 0
+    posnet_n_embd: int = 0                 # wavtokenizer-dec: hparams.posnet and hparams.convnext
+    posnet_n_layer: int = 0
+    convnext_n_embd: int = 0
+    convnext_n_layer: int = 0
     f_clamp_kqv: float = 0.0
     f_max_alibi_bias: float = 0.0          # ALiBi (baichuan 13B, refact, bloom, mpt, jais): the attention's slope bias
     use_par_res: bool = False              # gptneox: attention and FFN in parallel (use_parallel_residual)

@@ -46,6 +46,45 @@ class LayerSwitchLora:
 
 
 @dataclass
+class LayerPosnet:
+    """llama_layer_posnet: wavtokenizer-dec's posnet blocks (resnet, attention or the final norm)."""
+    norm1: Optional[Tensor] = None
+    norm1_b: Optional[Tensor] = None
+    conv1: Optional[Tensor] = None
+    conv1_b: Optional[Tensor] = None
+    norm2: Optional[Tensor] = None
+    norm2_b: Optional[Tensor] = None
+    conv2: Optional[Tensor] = None
+    conv2_b: Optional[Tensor] = None
+    attn_norm: Optional[Tensor] = None
+    attn_norm_b: Optional[Tensor] = None
+    attn_q: Optional[Tensor] = None
+    attn_q_b: Optional[Tensor] = None
+    attn_k: Optional[Tensor] = None
+    attn_k_b: Optional[Tensor] = None
+    attn_v: Optional[Tensor] = None
+    attn_v_b: Optional[Tensor] = None
+    attn_o: Optional[Tensor] = None
+    attn_o_b: Optional[Tensor] = None
+    norm: Optional[Tensor] = None
+    norm_b: Optional[Tensor] = None
+
+
+@dataclass
+class LayerConvnext:
+    """llama_layer_convnext: wavtokenizer-dec's ConvNeXt blocks."""
+    dw: Optional[Tensor] = None
+    dw_b: Optional[Tensor] = None
+    norm: Optional[Tensor] = None
+    norm_b: Optional[Tensor] = None
+    pw1: Optional[Tensor] = None
+    pw1_b: Optional[Tensor] = None
+    pw2: Optional[Tensor] = None
+    pw2_b: Optional[Tensor] = None
+    gamma: Optional[Tensor] = None
+
+
+@dataclass
 class Layer:
     """llama_layer: the weights of one block that the supported builders use (None when absent)."""
     attn_norm: Optional[Tensor] = None
@@ -288,6 +327,8 @@ class Layer:
     ple_norm_query: Optional[Tensor] = None
     ple_norm_conv: Optional[Tensor] = None
     ple_conv1d: Optional[Tensor] = None
+    posnet: LayerPosnet = field(default_factory=LayerPosnet)
+    convnext: LayerConvnext = field(default_factory=LayerConvnext)
 
 
 @dataclass
@@ -296,6 +337,8 @@ class Model:
     tok_embd: Optional[Tensor] = None
     tok_norm: Optional[Tensor] = None               # RWKV's LN0 after the embeddings
     tok_norm_b: Optional[Tensor] = None
+    conv1d: Optional[Tensor] = None                 # wavtokenizer-dec's input convolution
+    conv1d_b: Optional[Tensor] = None
     pos_embd: Optional[Tensor] = None               # learned positions (starcoder, gpt2, ...)
     type_embd: Optional[Tensor] = None              # BERT's token-type rows
     cls: Optional[Tensor] = None                    # build_pooling's classification (rank) head
@@ -373,6 +416,16 @@ def load_hparams(ml: ModelLoader) -> HParams:
     if ml.arch in ("hunyuan_vl", "hunyuan-dense") and hp.n_expert <= 1:   # a single "expert" is no MoE
         hp.n_expert = 0
         hp.n_expert_used_arr = (0,) * n_layer
+    if ml.arch == "wavtokenizer-dec":   # its embedding width is features_length; embedding_length is its output's
+        hp.n_embd = ml.get_u32("%s.features_length")
+        hp.n_embd_out_impl = ml.get_u32("%s.embedding_length")
+        hp.posnet_n_embd = ml.get_u32("%s.posnet.embedding_length")
+        hp.posnet_n_layer = ml.get_u32("%s.posnet.block_count")
+        hp.convnext_n_embd = ml.get_u32("%s.convnext.embedding_length")
+        hp.convnext_n_layer = ml.get_u32("%s.convnext.block_count")
+        require(ml, hp.posnet_n_layer <= n_layer and hp.convnext_n_layer <= n_layer,
+                f"{ml.key('%s.posnet.block_count')} ({hp.posnet_n_layer}) and {ml.key('%s.convnext.block_count')} "
+                f"({hp.convnext_n_layer}) must not exceed {ml.key('%s.block_count')} ({n_layer})")
     check_experts(ml, hp)
 
     hp.n_ff_arr = ml.get_key_or_arr("%s.feed_forward_length", n_layer, 0)
@@ -624,10 +677,12 @@ class TensorCreator:
         layer.nextn_shared_head_norm = self.create_tensor(tn("NEXTN_SHARED_HEAD_NORM", "weight", bid), (n_embd,),
                                                           TENSOR_NOT_REQUIRED | flags)
 
-    def create_output(self, model: Model, n_embd: int, n_vocab: int) -> None:
-        """The output head most builders share: output_norm, output or the tied token_embd."""
+    def create_output(self, model: Model, n_embd: int, n_vocab: int, n_vocab_out: Optional[int] = None) -> None:
+        """The output head most builders share: output_norm, output (n_vocab_out rows where the head is
+        narrower than the vocabulary: qwen3tts) or the tied token_embd."""
         model.output_norm = self.create_tensor(tn("OUTPUT_NORM", "weight"), (n_embd,))
-        model.output = self.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab), TENSOR_NOT_REQUIRED)
+        model.output = self.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab if n_vocab_out is None else n_vocab_out),
+                                          TENSOR_NOT_REQUIRED)
         if model.output is None:
             model.output = self.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab), TENSOR_DUPLICATED)
 

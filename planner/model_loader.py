@@ -263,7 +263,11 @@ class ModelLoader:
         return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in (int(x) & 0xFFFFFFFF for x in self.header.get(key)))
 
     def n_tokens(self) -> int:
-        """vocab.n_tokens(): the length of tokenizer.ggml.tokens (its count is bounded by the reader)."""
+        """vocab.n_tokens(): the length of tokenizer.ggml.tokens (its count is bounded by the reader); without
+        a vocabulary (tokenizer.ggml.model "none" or "no_vocab": wavtokenizer-dec) the %s.vocab_size dummy
+        tokens llama_vocab::impl::load adds."""
+        if self.get_str("tokenizer.ggml.model", "") in ("none", "no_vocab"):
+            return self.get_u32("%s.vocab_size", 0)
         return self.header.array_len("tokenizer.ggml.tokens") if self.header.get("tokenizer.ggml.tokens") is not None else 0
 
     def check_tensor_dims(self, name: str, ne: tuple[int, ...], required: bool,

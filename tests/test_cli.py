@@ -479,6 +479,40 @@ def test_llama4_that_aborts_on_the_first_decode_is_refused_in_one_line(tmp_path,
     assert_cli_error(invoke(path), *needles)
 
 
+@pytest.mark.parametrize("changes,needles", [
+    ({"block_count": 7, "posnet.block_count": 7}, ("unknown posnet layer 6",)),
+    ({"posnet.block_count": 7}, ("posnet.block_count (7)", "block_count (6)")),
+    ({"convnext.embedding_length": 96}, ("posnet width (128)", "convnext width (96)")),
+])
+def test_wavtokenizer_dec_posnet_llama_cpp_aborts_on_is_refused_in_one_line(tmp_path, changes, needles):
+    """llama_model_wavtokenizer_dec::load_arch_tensors GGML_ABORTs on a posnet block past the sixth and
+    asserts equal posnet and convnext widths; load_hparams asserts the posnet and convnext block
+    counts are at most block_count: the plan refuses each in one line."""
+    import copy
+
+    from fixtures.make_gguf import _write_header, load_config, tensor_specs
+    config = copy.deepcopy(load_config("tiny-wavtokenizer-dec"))
+    specs = tensor_specs(config)
+    for key, value in changes.items():
+        config["metadata"][f"wavtokenizer-dec.{key}"] = value
+    path = tmp_path / "wt.gguf"
+    _write_header(config, path, specs)
+    assert_cli_error(invoke(path), "llama.cpp would abort", *needles)
+
+
+def test_qwen3tts_with_a_vocabulary_below_its_codec_head_is_refused_in_one_line(tmp_path):
+    """qwen3tts's lm_head is always 3072 rows (llama_model_qwen3vl::load_arch_tensors); a vocabulary
+    smaller than that loads, then qwen3vl.cpp's graph aborts ("invalid case", seen with real
+    llama.cpp at context creation): the plan refuses it in one line."""
+    import copy
+
+    from fixtures.make_gguf import load_config, write_gguf
+    config = copy.deepcopy(load_config("tiny-qwen3tts"))
+    config["vocab"]["n_vocab"] = 1024
+    path = write_gguf(config, tmp_path / "tts.gguf", header_only=True)
+    assert_cli_error(invoke(path), "invalid case", "3072 rows", "token_embd's 1024")
+
+
 @pytest.mark.parametrize("name", ["tiny-glm4moe", "tiny-qwen35-mtp", "tiny-qwen35moe-mtp", "tiny-qwen3next-mtp",
                                   "tiny-deepseek3-mtp", "tiny-nemotron-h-moe-mtp"])
 def test_a_file_of_the_mtp_blocks_alone_is_refused_in_one_line(tmp_path, name):

@@ -99,10 +99,10 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-hy_v3", "tiny-hy_v4", "tiny-hy_v4-full", "tiny-laguna", "tiny-laguna-full",
                "tiny-bert", "tiny-bert-rerank", "tiny-nomic-bert", "tiny-nomic-bert-moe", "tiny-jina-bert-v2",
                "tiny-jina-bert-v3", "tiny-modern-bert", "tiny-neo-bert", "tiny-eurobert", "tiny-gemma-embedding",
-               "tiny-t5", "tiny-t5encoder"]
+               "tiny-t5", "tiny-t5encoder", "tiny-qwen3tts", "tiny-pockettts", "tiny-wavtokenizer-dec"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear",
                 "jamba", "plamo2", "minimax-01", "bailingmoe3", "dots3note", "apertus", "spark2_5",
-                "maple", "qwen4exp", "gemma3n", "openelm", "deci"}
+                "maple", "qwen4exp", "gemma3n", "openelm", "deci", "wavtokenizer-dec"}
 
 
 def random_arch_config(rng: random.Random, name: str) -> dict:

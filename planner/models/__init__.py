@@ -126,6 +126,7 @@ ARCHS = {
     "plamo2": "plamo2",
     "plamo3": "plamo3",
     "plm": "plm",
+    "pockettts": "pockettts",
     "qwen": "qwen",
     "qwen2": "qwen2",
     "qwen2moe": "qwen2moe",
@@ -135,6 +136,7 @@ ARCHS = {
     "qwen35moe": "qwen35moe",
     "qwen3moe": "qwen3moe",
     "qwen3next": "qwen3next",
+    "qwen3tts": "qwen3vl",       # llama_model_qwen3tts is llama_model_qwen3vl, its lm_head 3072 wide (models.h)
     "qwen3vl": "qwen3vl",
     "qwen3vlmoe": "qwen3vlmoe",
     "qwen4exp": "qwen4exp",
@@ -153,6 +155,7 @@ ARCHS = {
     "t5": "t5",
     "t5encoder": "t5encoder",
     "talkie": "talkie",
+    "wavtokenizer-dec": "wavtokenizer_dec",
     "xverse": "xverse",
 }
 SUPPORTED_ARCHS = tuple(ARCHS)

@@ -115,6 +115,7 @@ ARCHS = {
     "openelm": "openelm",
     "orion": "orion",
     "paddleocr": "paddleocr",    # llama_model_paddleocr: ernie4_5's loader (models.h), its own graph
+    "pangu-embedded": "pangu_embed",
     "phi2": "phi2",
     "phi3": "phi3",
     "phimoe": "phimoe",

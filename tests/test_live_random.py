@@ -99,7 +99,7 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-hy_v3", "tiny-hy_v4", "tiny-hy_v4-full", "tiny-laguna", "tiny-laguna-full",
                "tiny-bert", "tiny-bert-rerank", "tiny-nomic-bert", "tiny-nomic-bert-moe", "tiny-jina-bert-v2",
                "tiny-jina-bert-v3",
-               "tiny-pangu-embedded"]
+               "tiny-pangu-embedded", "tiny-llama-embed"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear",
                 "jamba", "plamo2", "minimax-01", "bailingmoe3", "dots3note", "apertus", "spark2_5",
                 "maple", "qwen4exp", "gemma3n", "openelm", "deci"}

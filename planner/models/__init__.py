@@ -84,6 +84,7 @@ ARCHS = {
     "lfm2": "lfm2",
     "lfm2moe": "lfm2moe",
     "llama": "llama",
+    "llama-embed": "llama_embed",
     "llama4": "llama4",
     "maincoder": "maincoder",
     "mamba": "mamba",

@@ -121,7 +121,8 @@ HYBRID_ARCHS = frozenset({"bailingmoe3", "falcon-h1", "glm5-next", "granitehybri
 
 # the architectures llama_model::create_memory gives no memory (res = nullptr): their attention runs
 # over the ubatch alone (build_attn_inp_no_cache)
-NO_MEMORY_ARCHS = frozenset({"bert", "jina-bert-v2", "jina-bert-v3", "nomic-bert", "nomic-bert-moe"})
+NO_MEMORY_ARCHS = frozenset({"bert", "jina-bert-v2", "jina-bert-v3", "nomic-bert", "nomic-bert-moe", "dream", "llada",
+                             "llada-moe", "rnd1"})
 
 # the architectures with MiniMax sparse attention over llama_kv_cache_msa
 MSA_ARCHS = frozenset({"minimax-m3"})

@@ -444,7 +444,7 @@ def load_hparams(ml: ModelLoader) -> HParams:
         hp.n_embd_head_k_full = ml.get_u32("%s.attention.key_length", hp.n_embd // hp.n_head())
         hp.n_embd_head_v_full = ml.get_u32("%s.attention.value_length", hp.n_embd // hp.n_head())
         hp.n_rot_full = ml.get_u32("%s.rope.dimension_count", hp.n_embd_head_k_full)
-        if ml.arch in ("llama", "falcon") and hp.n_rot_full != hp.n_embd_head_k_full:
+        if ml.arch in ("llama", "falcon", "llama-embed") and hp.n_rot_full != hp.n_embd_head_k_full:
             ml.fail(f"invalid n_rot: {hp.n_rot_full}, expected {hp.n_embd_head_k_full}")
     hp.n_embd_head_k_swa = ml.get_u32("%s.attention.key_length_swa", hp.n_embd_head_k_full)
     hp.n_embd_head_v_swa = ml.get_u32("%s.attention.value_length_swa", hp.n_embd_head_v_full)

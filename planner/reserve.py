@@ -123,8 +123,9 @@ HYBRID_ARCHS = frozenset({"bailingmoe3", "falcon-h1", "glm5-next", "granitehybri
 
 # the architectures llama_model::create_memory gives no memory (res = nullptr): their attention runs
 # over the ubatch alone (build_attn_inp_no_cache)
-NO_MEMORY_ARCHS = frozenset({"bert", "eurobert", "gemma-embedding", "jina-bert-v2", "jina-bert-v3", "modern-bert", "neo-bert",
-                             "nomic-bert", "nomic-bert-moe", "wavtokenizer-dec"})
+NO_MEMORY_ARCHS = frozenset({"bert", "dream", "eurobert", "gemma-embedding", "jina-bert-v2", "jina-bert-v3", "llada",
+                             "llada-moe", "modern-bert", "neo-bert", "nomic-bert", "nomic-bert-moe", "rnd1",
+                             "wavtokenizer-dec"})
 
 # the architectures with MiniMax sparse attention over llama_kv_cache_msa
 MSA_ARCHS = frozenset({"minimax-m3"})

@@ -255,7 +255,7 @@ def test_gptj_is_refused_as_llama_cpp_refuses_it(tmp_path):
                      "unsupported model architecture: 'gptj'")
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-falcon"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-falcon", "tiny-llama-embed"])
 def test_partial_rope_refused_where_llama_cpp_refuses_it(tmp_path, model):
     """llama_model_base::load_hparams throws 'invalid n_rot' for llama (and deci, falcon,
     llama-embed) when rope.dimension_count is not the head size."""

@@ -99,7 +99,8 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-hy_v3", "tiny-hy_v4", "tiny-hy_v4-full", "tiny-laguna", "tiny-laguna-full",
                "tiny-bert", "tiny-bert-rerank", "tiny-nomic-bert", "tiny-nomic-bert-moe", "tiny-jina-bert-v2",
                "tiny-jina-bert-v3", "tiny-modern-bert", "tiny-neo-bert", "tiny-eurobert", "tiny-gemma-embedding",
-               "tiny-t5", "tiny-t5encoder", "tiny-qwen3tts", "tiny-pockettts", "tiny-wavtokenizer-dec"]
+               "tiny-t5", "tiny-t5encoder", "tiny-qwen3tts", "tiny-pockettts", "tiny-wavtokenizer-dec",
+               "tiny-pangu-embedded", "tiny-llama-embed", "tiny-dream", "tiny-llada", "tiny-llada-moe", "tiny-rnd1"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear",
                 "jamba", "plamo2", "minimax-01", "bailingmoe3", "dots3note", "apertus", "spark2_5",
                 "maple", "qwen4exp", "gemma3n", "openelm", "deci", "wavtokenizer-dec"}
@@ -145,7 +146,7 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
                 "smallthinker", "minimax-m2", "deepseek4", "kimi-k3", "glm5-next", "jamba",
                 "minimax-01", "bailingmoe3", "dots3note", "cohere2moe", "exaone-moe", "grovemoe", "afmoe", "mellum",
                 "maple", "granite_swa", "qwen4exp", "minimax-m3", "step35", "mimo2", "deepseek2-ocr",
-                "bailingmoe", "hy_v3", "hy_v4", "laguna", "nomic-bert-moe") \
+                "bailingmoe", "hy_v3", "hy_v4", "laguna", "nomic-bert-moe", "llada-moe", "rnd1") \
             or arch == "gemma4" and p + "expert_count" in md:
         md[p + "expert_count"] = rng.choice([4, 8, 16])
         md[p + "expert_used_count"] = rng.choice([1, 2, 4])

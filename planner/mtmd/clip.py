@@ -149,6 +149,11 @@ GRAPH_BUILDERS = {
     "qwen3a": "qwen3a",
 }
 
+# the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
+# throws "unknown vision projector type" (Gemma 3n's audio encoder: a Gemma 3n file's vision
+# encoder, gemma3nv, makes clip_init skip it)
+NO_HPARAMS_TYPES = frozenset({"gemma3na"})
+
 # clip_modality
 MODALITY_VISION, MODALITY_AUDIO, MODALITY_GEN_AUDIO = "vision", "audio", "gen.audio"
 
@@ -503,7 +508,7 @@ class ClipModelLoader:
             self.fail(f"load_hparams: unknown projector type: {proj_type}")
         if proj_type == "qwen2.5o":    # the legacy name of Qwen2.5-Omni's two encoders
             proj_type = "qwen2.5vl_merger" if modality == MODALITY_VISION else "qwen2a"
-        if proj_type not in GRAPH_BUILDERS:
+        if proj_type not in GRAPH_BUILDERS and proj_type not in NO_HPARAMS_TYPES:
             raise UnsupportedModel(f"{self.path}: the multimodal projector type '{proj_type}' ({modality}) is not "
                                    f"planned by schedplan yet (planned: {', '.join(sorted(GRAPH_BUILDERS))})")
         model.proj_type = proj_type
@@ -549,6 +554,8 @@ class ClipModelLoader:
                 self.fail(f"load_hparams: feature layer index {v} is out of range (n_layer: {hp.n_layer})")
 
         # model-specific params
+        if proj_type in NO_HPARAMS_TYPES:
+            self.fail(f"load_hparams: unknown vision projector type {proj_type}")
         if proj_type == "gemma3":
             hp.n_merge = 4            # every Gemma 3 size: 4x fewer patches per side
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)

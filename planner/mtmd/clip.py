@@ -111,6 +111,7 @@ TN_TOK_IMG_BREAK = "v.token_embd.img_break"
 TN_STD_BIAS = "v.std_bias"
 TN_STD_SCALE = "v.std_scale"
 TN_MM_SOFT_EMB_N = "mm.soft_emb_norm.weight"
+TN_A_MM_INP_PROJ = "mm.a.input_projection.%s"
 TN_CONV1D = "a.conv1d.%d.%s"
 TN_CONV2D = "a.conv2d.%d.%s"
 TN_CONV_OUT = "a.conv_out.%s"
@@ -147,6 +148,7 @@ GRAPH_BUILDERS = {
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
+    "gemma4ua": "gemma4ua",
 }
 
 # the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
@@ -599,6 +601,10 @@ class ClipModelLoader:
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
             hp.set_limit_image_tokens(70, 1120)
             hp.set_warmup_n_tokens(256)
+        elif proj_type == "gemma4ua":
+            # encoder-free: the raw 16 kHz waveform in frames of 640 samples
+            hp.eps = 1e-6
+            hp.n_mel_bins = 640
         elif proj_type == "llama4":
             hp.rope_theta = 10000.0
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
@@ -629,7 +635,9 @@ class ClipModelLoader:
                       f"({hp.image_min_pixels})")
         if hp.n_merge <= 0 or hp.n_merge >= 65536:
             self.fail(f"load_hparams: n_merge ({hp.n_merge}) must be greater than 0 and less than 65536")
-        if modality == MODALITY_AUDIO and not 1 <= hp.n_mel_bins <= 256:   # the FFT-based encoders planned
+        # gemma4ua's n_mel_bins is a raw-waveform frame size: no FFT, no upper bound
+        fft_based = proj_type != "gemma4ua"
+        if modality == MODALITY_AUDIO and (hp.n_mel_bins <= 0 or (fft_based and hp.n_mel_bins > 256)):
             self.fail(f"load_hparams: n_mel_bins ({hp.n_mel_bins}) must be in range [1, 256]")
 
     # --- clip_model_loader::load_tensors ---------------------------------------------------------
@@ -812,6 +820,8 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
             model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
             model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+        elif model.proj_type == "gemma4ua":
+            model.mm_input_proj_w = get_tensor(TN_A_MM_INP_PROJ % "weight")
         elif model.proj_type == "llama4":
             model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
             model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
@@ -847,7 +857,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_1_b.ne[0] * (1 + model.n_deepstack_layers)   # main path + deepstack paths
     if p == "gemma3":
         return model.mm_input_proj_w.ne[0]
-    if p == "gemma4v":
+    if p in ("gemma4v", "gemma4ua"):
         return model.mm_input_proj_w.ne[1]
     if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a"):
         return model.mm_2_w.ne[1]

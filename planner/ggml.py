@@ -307,10 +307,15 @@ def repeat_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
 
 
 def pad(a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
-    """ggml_pad: ggml_pad_ext padding each dimension on the right (the amounts are C ints)."""
-    p = [(x + 2**31) % 2**32 - 2**31 for x in (p0, p1, p2, p3)]
-    r = new_tensor(a.type, *(n + x for n, x in zip(a.ne, p)))
-    return _op(r, "PAD", [a], (0, p[0], 0, p[1], 0, p[2], 0, p[3], 0))
+    """ggml_pad: ggml_pad_ext padding each dimension on the right."""
+    return pad_ext(a, 0, p0, 0, p1, 0, p2, 0, p3)
+
+
+def pad_ext(a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int, lp3: int, rp3: int) -> Tensor:
+    """ggml_pad_ext: each dimension padded on the left and the right (the amounts are C ints)."""
+    p = [(x + 2**31) % 2**32 - 2**31 for x in (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)]
+    r = new_tensor(a.type, *(n + p[2 * i] + p[2 * i + 1] for i, n in enumerate(a.ne)))
+    return _op(r, "PAD", [a], (*p, 0))
 
 
 def get_rows(a: Tensor, b: Tensor) -> Tensor:
@@ -556,6 +561,9 @@ def add_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
 def ssm_conv(sx: Tensor, c: Tensor) -> Tensor:
     """ggml_ssm_conv: [d_inner, tokens per sequence, sequences] from the padded input sx."""
     n_t = sx.ne[0] - c.ne[0] + 1
+    if sx.ne[3] != 1 or c.ne[2] != 1 or c.ne[3] != 1 or sx.ne[1] != c.ne[1] or n_t < 0:
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_ssm_conv GGML_ASSERTs: a 3-D input of the kernel's "
+                        f"channels): '{sx.name}' {list(sx.ne)}, kernel '{c.name}' {list(c.ne)}")
     return _op(new_tensor(T.F32, c.ne[1], n_t, sx.ne[2]), "SSM_CONV", [sx, c])
 
 

@@ -112,6 +112,25 @@ TN_STD_BIAS = "v.std_bias"
 TN_STD_SCALE = "v.std_scale"
 TN_MM_SOFT_EMB_N = "mm.soft_emb_norm.weight"
 TN_A_MM_INP_PROJ = "mm.a.input_projection.%s"
+TN_A_MM_SOFT_EMB_N = "mm.a.soft_emb_norm.%s"
+TN_A_INP_PROJ = "a.input_projection.%s"
+TN_A_CONV1D = "a.conv1d.%d.%s"
+TN_A_CONV1D_NORM = "a.conv1d.%d.norm.%s"
+TN_A_OUT_PROJ = "a.pre_encode.out.%s"
+TN_A_ATTN_PRE_NORM = "%s.blk.%d.attn_pre_norm.%s"
+TN_A_ATTN_K_REL = "%s.blk.%d.attn_k_rel.%s"
+TN_A_PER_DIM_SCALE = "%s.blk.%d.per_dim_scale.%s"
+TN_A_PER_DIM_K_SCALE = "%s.blk.%d.per_dim_k_scale.%s"
+TN_A_FFN_POST_NORM_1 = "%s.blk.%d.ffn_post_norm_1.%s"
+TN_FFN_NORM = "%s.blk.%d.ffn_norm.%s"
+TN_FFN_NORM_1 = "%s.blk.%d.ffn_norm_1.%s"
+TN_FFN_UP_1 = "%s.blk.%d.ffn_up_1.%s"
+TN_FFN_DOWN_1 = "%s.blk.%d.ffn_down_1.%s"
+TN_NORM_CONV = "%s.blk.%d.norm_conv.%s"
+TN_CONV_DW = "%s.blk.%d.conv_dw.%s"
+TN_CONV_NORM = "%s.blk.%d.conv_norm.%s"
+TN_CONV_PW1 = "%s.blk.%d.conv_pw1.%s"
+TN_CONV_PW2 = "%s.blk.%d.conv_pw2.%s"
 TN_CONV1D = "a.conv1d.%d.%s"
 TN_CONV2D = "a.conv2d.%d.%s"
 TN_CONV_OUT = "a.conv_out.%s"
@@ -149,6 +168,7 @@ GRAPH_BUILDERS = {
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
     "gemma4ua": "gemma4ua",
+    "gemma4a": "gemma4a",
 }
 
 # the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
@@ -281,6 +301,28 @@ class ClipLayer:
     deepstack_fc1_b: Optional[Tensor] = None
     deepstack_fc2_w: Optional[Tensor] = None
     deepstack_fc2_b: Optional[Tensor] = None
+    # the conformer's (Gemma 4 audio)
+    ff_norm_w: Optional[Tensor] = None
+    attn_pre_norm_w: Optional[Tensor] = None
+    per_dim_scale_w: Optional[Tensor] = None
+    per_dim_k_scale_w: Optional[Tensor] = None
+    attn_k_rel_w: Optional[Tensor] = None
+    norm_conv_w: Optional[Tensor] = None
+    norm_conv_b: Optional[Tensor] = None
+    conv_pw1_w: Optional[Tensor] = None
+    conv_pw1_b: Optional[Tensor] = None
+    conv_dw_w: Optional[Tensor] = None
+    conv_dw_b: Optional[Tensor] = None
+    conv_norm_w: Optional[Tensor] = None
+    conv_norm_b: Optional[Tensor] = None
+    conv_pw2_w: Optional[Tensor] = None
+    conv_pw2_b: Optional[Tensor] = None
+    ff_norm_1_w: Optional[Tensor] = None
+    ff_up_1_w: Optional[Tensor] = None
+    ff_up_1_b: Optional[Tensor] = None
+    ff_down_1_w: Optional[Tensor] = None
+    ff_down_1_b: Optional[Tensor] = None
+    ff_post_norm_1_w: Optional[Tensor] = None
 
     def has_deepstack(self) -> bool:
         return self.deepstack_fc1_w is not None
@@ -350,6 +392,14 @@ class ClipModel:
     mm_norm_pre_w: Optional[Tensor] = None
     mm_norm_mid_w: Optional[Tensor] = None
     mm_fc_b: Optional[Tensor] = None
+    # Gemma 4 audio's subsampling convs, their norms and projections
+    sscp_conv_w: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
+    sscp_conv_b: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
+    sscp_norm_w: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
+    sscp_inp_proj_w: Optional[Tensor] = None
+    sscp_inp_proj_b: Optional[Tensor] = None
+    audio_out_proj_w: Optional[Tensor] = None
+    audio_out_proj_b: Optional[Tensor] = None
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -601,6 +651,9 @@ class ClipModelLoader:
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
             hp.set_limit_image_tokens(70, 1120)
             hp.set_warmup_n_tokens(256)
+        elif proj_type == "gemma4a":
+            # conversion wrote a wrong rms_norm_eps; every gemma4a model uses 1e-6
+            hp.eps = 1e-6
         elif proj_type == "gemma4ua":
             # encoder-free: the raw 16 kHz waveform in frames of 640 samples
             hp.eps = 1e-6
@@ -784,12 +837,7 @@ class ClipModelLoader:
             model.mm_input_proj_w = get_tensor(TN_MM_INP_PROJ)
             model.std_bias = get_tensor(TN_STD_BIAS, False)
             model.std_scale = get_tensor(TN_STD_SCALE, False)
-            # Gemma4ClippableLinear: every weight loaded so far is clamped, by its scalars or +-FLT_MAX
-            for name in loaded:
-                if name.endswith(".weight"):
-                    for suffix in (".input_max", ".input_min", ".output_max", ".output_min"):
-                        self.check_scalar(name.replace(".weight", suffix))
-                    model.clamped.add(name)
+            self.load_clamp_info(model, loaded)
         elif model.proj_type in ("ultravox", "voxtral", "qwen2a", "musicflamingo"):
             model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
             model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
@@ -820,6 +868,43 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
             model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
             model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+        elif model.proj_type == "gemma4a":
+            for i in range(2):
+                model.sscp_conv_w[i] = get_tensor(TN_A_CONV1D % (i, "weight"))
+                model.sscp_conv_b[i] = get_tensor(TN_A_CONV1D % (i, "bias"), False)
+                model.sscp_norm_w[i] = get_tensor(TN_A_CONV1D_NORM % (i, "weight"), False)
+            model.sscp_inp_proj_w = get_tensor(TN_A_INP_PROJ % "weight")
+            model.sscp_inp_proj_b = get_tensor(TN_A_INP_PROJ % "bias", False)
+            model.audio_out_proj_w = get_tensor(TN_A_OUT_PROJ % "weight", False)
+            model.audio_out_proj_b = get_tensor(TN_A_OUT_PROJ % "bias", False)
+            model.mm_soft_emb_norm_w = get_tensor(TN_A_MM_SOFT_EMB_N % "weight", False)
+            model.mm_input_proj_w = get_tensor(TN_A_MM_INP_PROJ % "weight", False)
+            for il, layer in enumerate(model.layers):
+                def t(fmt: str, suffix: str, required: bool = False) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix), required)
+                layer.ff_norm_w = t(TN_FFN_NORM, "weight", True)
+                layer.attn_pre_norm_w = t(TN_A_ATTN_PRE_NORM, "weight")
+                layer.per_dim_scale_w = t(TN_A_PER_DIM_SCALE, "weight")
+                layer.per_dim_k_scale_w = t(TN_A_PER_DIM_K_SCALE, "weight")
+                layer.attn_k_rel_w = t(TN_A_ATTN_K_REL, "weight")
+                # conv_norm and norm_conv are swapped in the GGUF (tensor_mapping.py): read crosswise
+                layer.norm_conv_w = t(TN_CONV_NORM, "weight")
+                layer.norm_conv_b = t(TN_CONV_NORM, "bias")
+                layer.conv_pw1_w = t(TN_CONV_PW1, "weight", True)
+                layer.conv_pw1_b = t(TN_CONV_PW1, "bias")
+                layer.conv_dw_w = t(TN_CONV_DW, "weight", True)
+                layer.conv_dw_b = t(TN_CONV_DW, "bias")
+                layer.conv_norm_w = t(TN_NORM_CONV, "weight")
+                layer.conv_norm_b = t(TN_NORM_CONV, "bias")
+                layer.conv_pw2_w = t(TN_CONV_PW2, "weight", True)
+                layer.conv_pw2_b = t(TN_CONV_PW2, "bias")
+                layer.ff_norm_1_w = t(TN_FFN_NORM_1, "weight", True)
+                layer.ff_up_1_w = t(TN_FFN_UP_1, "weight", True)
+                layer.ff_up_1_b = t(TN_FFN_UP_1, "bias")
+                layer.ff_down_1_w = t(TN_FFN_DOWN_1, "weight", True)
+                layer.ff_down_1_b = t(TN_FFN_DOWN_1, "bias")
+                layer.ff_post_norm_1_w = t(TN_A_FFN_POST_NORM_1, "weight")
+            self.load_clamp_info(model, loaded)
         elif model.proj_type == "gemma4ua":
             model.mm_input_proj_w = get_tensor(TN_A_MM_INP_PROJ % "weight")
         elif model.proj_type == "llama4":
@@ -829,6 +914,14 @@ class ClipModelLoader:
         # ggml_backend_alloc_ctx_tensors_from_buft(ctx_data, buft): the weights in one buffer, in load
         # order (graph_optimize passes compare their byte ranges)
         ctx.weights = alloc_ctx_tensors(ctx.weights.buft, list(loaded.values()), "weights")
+
+    def load_clamp_info(self, model: ClipModel, loaded: dict[str, Tensor]) -> None:
+        """Gemma4ClippableLinear: every weight loaded so far is clamped, by its scalars or +-FLT_MAX."""
+        for name in loaded:
+            if name.endswith(".weight"):
+                for suffix in (".input_max", ".input_min", ".output_max", ".output_min"):
+                    self.check_scalar(name.replace(".weight", suffix))
+                model.clamped.add(name)
 
     def check_scalar(self, name: str) -> None:
         """get_scalar's checks of a scalar tensor it reads from the file, when there is one."""
@@ -857,7 +950,10 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_1_b.ne[0] * (1 + model.n_deepstack_layers)   # main path + deepstack paths
     if p == "gemma3":
         return model.mm_input_proj_w.ne[0]
-    if p in ("gemma4v", "gemma4ua"):
+    if p in ("gemma4v", "gemma4a", "gemma4ua"):
+        if model.mm_input_proj_w is None:     # gemma4a loads it as optional, this reads it regardless
+            raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
+                            "mm.a.input_projection.weight (a null tensor is read)")
         return model.mm_input_proj_w.ne[1]
     if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a"):
         return model.mm_2_w.ne[1]

@@ -484,6 +484,9 @@ def div(a: Tensor, b: Tensor) -> Tensor:
 
 def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
     present(a, b)
+    if a.type != b.type or any(a.ne[d] != b.ne[d] for d in range(4) if d != dim):
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_concat GGML_ASSERTs: one type, equal sizes but in dim "
+                        f"{dim}): '{a.name}' {type_name(a.type)} {list(a.ne)}, '{b.name}' {type_name(b.type)} {list(b.ne)}")
     ne = list(a.ne)
     ne[dim] += b.ne[dim]
     return _op(new_tensor(a.type, *ne), "CONCAT", [a, b], (dim,))

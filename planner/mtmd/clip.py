@@ -108,6 +108,8 @@ TN_MM_GATE = "mm.gate.%s"
 TN_MM_DOWN = "mm.down.%s"
 TN_MM_POST_NORM = "mm.post_norm.%s"
 TN_TOK_IMG_BREAK = "v.token_embd.img_break"
+TN_TOK_BOI = "v.boi"
+TN_TOK_EOI = "v.eoi"
 TN_STD_BIAS = "v.std_bias"
 TN_STD_SCALE = "v.std_scale"
 TN_MM_SOFT_EMB_N = "mm.soft_emb_norm.weight"
@@ -166,6 +168,7 @@ GRAPH_BUILDERS = {
     "glm4v": "glm4v",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
+    "glma": "whisper_enc", "meralion": "whisper_enc",
     "qwen3a": "qwen3a",
     "gemma4ua": "gemma4ua",
     "gemma4a": "gemma4a",
@@ -390,7 +393,10 @@ class ClipModel:
     conv_out_w: Optional[Tensor] = None
     conv_out_b: Optional[Tensor] = None
     mm_norm_pre_w: Optional[Tensor] = None
+    mm_norm_pre_b: Optional[Tensor] = None
     mm_norm_mid_w: Optional[Tensor] = None
+    mm_boi: Optional[Tensor] = None
+    mm_eoi: Optional[Tensor] = None
     mm_fc_b: Optional[Tensor] = None
     # Gemma 4 audio's subsampling convs, their norms and projections
     sscp_conv_w: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
@@ -661,8 +667,8 @@ class ClipModelLoader:
         elif proj_type == "llama4":
             hp.rope_theta = 10000.0
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
-        elif proj_type in ("ultravox", "qwen2a", "qwen3a", "voxtral", "musicflamingo"):
-            require_stack = proj_type in ("ultravox", "voxtral")
+        elif proj_type in ("ultravox", "qwen2a", "qwen3a", "glma", "voxtral", "meralion", "musicflamingo"):
+            require_stack = proj_type in ("ultravox", "voxtral", "meralion", "glma")
             hp.proj_stack_factor = self.get_u32(KEY_A_PROJ_STACK_FACTOR, None if require_stack else 0)
             hp.ffn_op = FFN_GELU_ERF
         elif proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
@@ -856,6 +862,35 @@ class ClipModelLoader:
             if model.proj_type == "ultravox":
                 model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight")
                 model.mm_norm_mid_w = get_tensor(TN_MM_NORM_MID % "weight")
+        elif model.proj_type == "meralion":
+            model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
+            model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
+            model.conv1d_2_w = get_tensor(TN_CONV1D % (2, "weight"))
+            model.conv1d_2_b = get_tensor(TN_CONV1D % (2, "bias"))
+            # the adaptor: frame compression (+ SiLU), gate and pool projections (a GLU), out projection
+            model.mm_0_w = get_tensor(TN_MM_AUDIO_MLP % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_MM_AUDIO_MLP % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
+            model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+            model.mm_3_w = get_tensor(TN_MM_AUDIO_MLP % (3, "weight"))
+            model.mm_3_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
+            model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight")     # ln_speech
+            model.mm_norm_pre_b = get_tensor(TN_MM_NORM_PRE % "bias")
+        elif model.proj_type == "glma":
+            model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
+            model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
+            model.conv1d_2_w = get_tensor(TN_CONV1D % (2, "weight"))
+            model.conv1d_2_b = get_tensor(TN_CONV1D % (2, "bias"))
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
+            model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+            model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight")
+            model.mm_norm_pre_b = get_tensor(TN_MM_NORM_PRE % "bias")
+            model.mm_boi = get_tensor(TN_TOK_BOI)
+            model.mm_eoi = get_tensor(TN_TOK_EOI)
         elif model.proj_type == "qwen3a":
             model.conv2d_1_w = get_tensor(TN_CONV2D % (1, "weight"))
             model.conv2d_1_b = get_tensor(TN_CONV2D % (1, "bias"))
@@ -955,8 +990,10 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
             raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
                             "mm.a.input_projection.weight (a null tensor is read)")
         return model.mm_input_proj_w.ne[1]
-    if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a"):
+    if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a", "glma"):
         return model.mm_2_w.ne[1]
+    if p == "meralion":
+        return model.mm_3_w.ne[1]     # out_proj's output
     if p == "qwen2a":
         return model.mm_fc_w.ne[1]
     if p in ("pixtral", "lfm2", "kimivl"):
@@ -1075,12 +1112,14 @@ class ClipGraph:
         return cur
 
     def build_stack(self, cur: Tensor, stack_factor: int, n_embed: int) -> Tensor:
-        """StackAudioFrames (Ultravox): stack_factor frames per row, the last row zero-padded."""
+        """StackAudioFrames (Ultravox): stack_factor frames per row, the last row zero-padded (to
+        GGML_PAD's length; the rows are the whole ones of it)."""
         if stack_factor <= 1:
             return cur
         total = cur.nelements()
         stride = n_embed * stack_factor
-        padded = -(-total // stride) * stride
+        # GGML_PAD's bit mask: a multiple of stride only for a power of two (MERaLiON's 15 pads more)
+        padded = (total + stride - 1) & ~(stride - 1)
         if padded - total > 0:
             cur = ggml.view(cur, (total,), (), 0)
             cur = ggml.pad(cur, padded - total, 0, 0, 0)

@@ -409,9 +409,10 @@ UNARY_OPS = {"ABS": 0, "SGN": 1, "NEG": 2, "TANH": 4, "RELU": 6, "SIGMOID": 7, "
              "EXP": 13, "SOFTPLUS": 15, "GELU_ERF": 16, "XIELU": 17, "ROUND": 20}
 
 
-def unary(a: Tensor, unary_op: str) -> Tensor:
-    """ggml_unary_impl (ggml_gelu, ggml_silu, ggml_tanh, ...): op UNARY, the kind in op_params[0]."""
-    return _unary_like("UNARY", a, [a], (UNARY_OPS[unary_op],))
+def unary(a: Tensor, unary_op: str, inplace: bool = False) -> Tensor:
+    """ggml_unary_impl (ggml_gelu, ggml_silu, ggml_tanh, ...; ggml_relu_inplace, ...): op UNARY, the
+    kind in op_params[0]."""
+    return _unary_like("UNARY", a, [a], (UNARY_OPS[unary_op],), inplace)
 
 
 def softplus(x: float) -> float:
@@ -696,6 +697,40 @@ def conv_2d(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d
                 reshape(a, a.ne[0] * a.ne[1] * a.ne[2], a.ne[3]))
     r = reshape(r, col.ne[1], col.ne[2], col.ne[3], a.ne[3])
     return cont(permute(r, 0, 1, 3, 2))
+
+
+def conv_2d_direct(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """ggml_conv_2d_direct: CONV_2D of the kernel a [KW, KH, IC, OC] over b [W, H, C, N]."""
+    present(a, b)
+    if a.ne[2] != b.ne[2]:
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_conv_2d_direct GGML_ASSERT(a->ne[2] == b->ne[2])): kernel "
+                        f"'{a.name}' {list(a.ne)} over '{b.name}' {list(b.ne)}")
+    ne = (conv_output_size(b.ne[0], a.ne[0], s0, p0, d0), conv_output_size(b.ne[1], a.ne[1], s1, p1, d1), a.ne[3], b.ne[3])
+    return _op(new_tensor(b.type, *ne), "CONV_2D", [a, b], (s0, s1, p0, p1, d0, d1))
+
+
+def conv_2d_dw_direct(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """ggml_conv_2d_dw_direct: CONV_2D_DW, one [KW, KH, 1, C] kernel per channel of b; a result in
+    b's channel-contiguous order (CWHN) where b has it."""
+    present(a, b)
+    if a.ne[2] != 1 or a.ne[3] != b.ne[2]:
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_conv_2d_dw_direct GGML_ASSERTs: a [KW, KH, 1, C] "
+                        f"kernel): '{a.name}' {list(a.ne)} over '{b.name}' {list(b.ne)}")
+    ne = (conv_output_size(b.ne[0], a.ne[0], s0, p0, d0), conv_output_size(b.ne[1], a.ne[1], s1, p1, d1), b.ne[2], b.ne[3])
+    r = new_tensor(b.type, *ne)
+    ts = type_size(b.type)
+    if b.nb[0] > b.nb[2] and b.nb[1] > b.nb[0] and b.nb[2] == ts:    # ggml_is_contiguous_channels(b)
+        nb0 = r.ne[2] * ts
+        r.nb = (nb0, r.ne[0] * nb0, ts, r.nb[3])
+    return _op(r, "CONV_2D_DW", [a, b], (s0, s1, p0, p1, d0, d1))
+
+
+def roll(a: Tensor, shift0: int, shift1: int, shift2: int, shift3: int) -> Tensor:
+    present(a)
+    if a.nb[0] != type_size(a.type) or any(abs(s) >= n for s, n in zip((shift0, shift1, shift2, shift3), _ne4(a.ne))):
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_roll GGML_ASSERTs: shifts under the sizes): '{a.name}' "
+                        f"{list(a.ne)} by {[shift0, shift1, shift2, shift3]}")
+    return _op(dup_tensor(a), "ROLL", [a], (shift0, shift1, shift2, shift3))
 
 
 def conv_1d(a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:

@@ -133,6 +133,10 @@ TN_CONV_DW = "%s.blk.%d.conv_dw.%s"
 TN_CONV_NORM = "%s.blk.%d.conv_norm.%s"
 TN_CONV_PW1 = "%s.blk.%d.conv_pw1.%s"
 TN_CONV_PW2 = "%s.blk.%d.conv_pw2.%s"
+TN_PRE_ENCODE_OUT = "a.pre_encode.out.%s"
+TN_POS_BIAS_U = "%s.blk.%d.pos_bias_u"
+TN_POS_BIAS_V = "%s.blk.%d.pos_bias_v"
+TN_LINEAR_POS = "%s.blk.%d.linear_pos.%s"
 TN_CONV1D = "a.conv1d.%d.%s"
 TN_CONV2D = "a.conv2d.%d.%s"
 TN_CONV_OUT = "a.conv_out.%s"
@@ -172,6 +176,7 @@ GRAPH_BUILDERS = {
     "qwen3a": "qwen3a",
     "gemma4ua": "gemma4ua",
     "gemma4a": "gemma4a",
+    "lfm2a": "conformer",
 }
 
 # the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
@@ -306,6 +311,10 @@ class ClipLayer:
     deepstack_fc2_b: Optional[Tensor] = None
     # the conformer's (Gemma 4 audio)
     ff_norm_w: Optional[Tensor] = None
+    ff_norm_b: Optional[Tensor] = None
+    pos_bias_u: Optional[Tensor] = None
+    pos_bias_v: Optional[Tensor] = None
+    linear_pos_w: Optional[Tensor] = None
     attn_pre_norm_w: Optional[Tensor] = None
     per_dim_scale_w: Optional[Tensor] = None
     per_dim_k_scale_w: Optional[Tensor] = None
@@ -321,6 +330,7 @@ class ClipLayer:
     conv_pw2_w: Optional[Tensor] = None
     conv_pw2_b: Optional[Tensor] = None
     ff_norm_1_w: Optional[Tensor] = None
+    ff_norm_1_b: Optional[Tensor] = None
     ff_up_1_w: Optional[Tensor] = None
     ff_up_1_b: Optional[Tensor] = None
     ff_down_1_w: Optional[Tensor] = None
@@ -406,6 +416,11 @@ class ClipModel:
     sscp_inp_proj_b: Optional[Tensor] = None
     audio_out_proj_w: Optional[Tensor] = None
     audio_out_proj_b: Optional[Tensor] = None
+    # LFM2-Audio's conformer: the subsampling convs (pre_encode.conv.0, 2, 3, 5, 6) and their projection
+    pre_encode_conv_X_w: list[Optional[Tensor]] = field(default_factory=lambda: [None] * 7)
+    pre_encode_conv_X_b: list[Optional[Tensor]] = field(default_factory=lambda: [None] * 7)
+    pre_encode_out_w: Optional[Tensor] = None
+    pre_encode_out_b: Optional[Tensor] = None
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -940,6 +955,42 @@ class ClipModelLoader:
                 layer.ff_down_1_b = t(TN_FFN_DOWN_1, "bias")
                 layer.ff_post_norm_1_w = t(TN_A_FFN_POST_NORM_1, "weight")
             self.load_clamp_info(model, loaded)
+        elif model.proj_type == "lfm2a":
+            for i in (0, 2, 3, 5, 6):
+                model.pre_encode_conv_X_w[i] = get_tensor(TN_CONV1D % (i, "weight"))
+                model.pre_encode_conv_X_b[i] = get_tensor(TN_CONV1D % (i, "bias"))
+            model.pre_encode_out_w = get_tensor(TN_PRE_ENCODE_OUT % "weight")
+            model.pre_encode_out_b = get_tensor(TN_PRE_ENCODE_OUT % "bias")
+            model.mm_0_w = get_tensor(TN_MM_AUDIO_MLP % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_MM_AUDIO_MLP % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
+            model.mm_3_w = get_tensor(TN_MM_AUDIO_MLP % (3, "weight"))
+            model.mm_3_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
+            for il, layer in enumerate(model.layers):
+                def t(fmt: str, suffix: str) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix))
+                layer.ff_norm_w = t(TN_FFN_NORM, "weight")
+                layer.ff_norm_b = t(TN_FFN_NORM, "bias")
+                layer.ff_norm_1_w = t(TN_FFN_NORM_1, "weight")
+                layer.ff_norm_1_b = t(TN_FFN_NORM_1, "bias")
+                layer.ff_up_1_w = t(TN_FFN_UP_1, "weight")
+                layer.ff_up_1_b = t(TN_FFN_UP_1, "bias")
+                layer.ff_down_1_w = t(TN_FFN_DOWN_1, "weight")
+                layer.ff_down_1_b = t(TN_FFN_DOWN_1, "bias")
+                layer.pos_bias_u = get_tensor(TN_POS_BIAS_U % (prefix, il))
+                layer.pos_bias_v = get_tensor(TN_POS_BIAS_V % (prefix, il))
+                layer.norm_conv_w = t(TN_NORM_CONV, "weight")
+                layer.norm_conv_b = t(TN_NORM_CONV, "bias")
+                layer.linear_pos_w = t(TN_LINEAR_POS, "weight")
+                layer.conv_norm_w = t(TN_CONV_NORM, "weight")
+                layer.conv_norm_b = t(TN_CONV_NORM, "bias")
+                layer.conv_dw_w = t(TN_CONV_DW, "weight")
+                layer.conv_dw_b = t(TN_CONV_DW, "bias")
+                layer.conv_pw1_w = t(TN_CONV_PW1, "weight")
+                layer.conv_pw1_b = t(TN_CONV_PW1, "bias")
+                layer.conv_pw2_w = t(TN_CONV_PW2, "weight")
+                layer.conv_pw2_b = t(TN_CONV_PW2, "bias")
         elif model.proj_type == "gemma4ua":
             model.mm_input_proj_w = get_tensor(TN_A_MM_INP_PROJ % "weight")
         elif model.proj_type == "llama4":
@@ -992,6 +1043,11 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_input_proj_w.ne[1]
     if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a", "glma"):
         return model.mm_2_w.ne[1]
+    if p == "lfm2a":
+        if model.position_embeddings is None:
+            raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
+                            "a.position_embd.weight (a null tensor is read)")
+        return model.position_embeddings.ne[0]
     if p == "meralion":
         return model.mm_3_w.ne[1]     # out_proj's output
     if p == "qwen2a":

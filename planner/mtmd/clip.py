@@ -177,6 +177,7 @@ GRAPH_BUILDERS = {
     "gemma4ua": "gemma4ua",
     "gemma4a": "gemma4a",
     "lfm2a": "conformer",
+    "dots3note_a": "dots3note",
 }
 
 # the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
@@ -672,6 +673,8 @@ class ClipModelLoader:
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
             hp.set_limit_image_tokens(70, 1120)
             hp.set_warmup_n_tokens(256)
+        elif proj_type == "dots3note_a":
+            hp.rope_theta = 10000.0
         elif proj_type == "gemma4a":
             # conversion wrote a wrong rms_norm_eps; every gemma4a model uses 1e-6
             hp.eps = 1e-6
@@ -893,6 +896,21 @@ class ClipModelLoader:
             model.mm_3_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
             model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight")     # ln_speech
             model.mm_norm_pre_b = get_tensor(TN_MM_NORM_PRE % "bias")
+        elif model.proj_type == "dots3note_a":
+            model.conv2d_1_w = get_tensor(TN_CONV2D % (1, "weight"))
+            model.conv2d_1_b = get_tensor(TN_CONV2D % (1, "bias"))
+            model.conv2d_2_w = get_tensor(TN_CONV2D % (2, "weight"))
+            model.conv2d_2_b = get_tensor(TN_CONV2D % (2, "bias"))
+            model.conv2d_3_w = get_tensor(TN_CONV2D % (3, "weight"))
+            model.conv2d_3_b = get_tensor(TN_CONV2D % (3, "bias"))
+            model.conv_out_w = get_tensor(TN_CONV_OUT % "weight")     # no bias
+            # adapter: LayerNorm -> Linear -> GELU -> Linear
+            model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight")
+            model.mm_norm_pre_b = get_tensor(TN_MM_NORM_PRE % "bias")
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
+            model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (3, "weight"))
+            model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
         elif model.proj_type == "glma":
             model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
             model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
@@ -1041,7 +1059,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
             raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
                             "mm.a.input_projection.weight (a null tensor is read)")
         return model.mm_input_proj_w.ne[1]
-    if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a", "glma"):
+    if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a", "glma", "dots3note_a"):
         return model.mm_2_w.ne[1]
     if p == "lfm2a":
         if model.position_embeddings is None:

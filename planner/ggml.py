@@ -493,6 +493,15 @@ def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
     return _op(new_tensor(a.type, *ne), "CONCAT", [a, b], (dim,))
 
 
+def argmax(a: Tensor) -> Tensor:
+    """ggml_argmax: the I32 index of each row's maximum"""
+    present(a)
+    if a.ne[2] != 1 or a.ne[3] != 1 or a.ne[0] > 2**31 - 1:
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_argmax GGML_ASSERT(ggml_is_matrix(a))): '{a.name}' "
+                        f"{list(a.ne)}")
+    return _op(new_tensor(T.I32, a.ne[1]), "ARGMAX", [a])
+
+
 def fill(a: Tensor, c: float) -> Tensor:
     return _op(dup_tensor(a), "FILL", [a], (c,))
 

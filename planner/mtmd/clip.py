@@ -63,6 +63,12 @@ KEY_MM_PATCH_MERGE_TYPE = "clip.vision.mm_patch_merge_type"
 KEY_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"
 KEY_PREPROC_MIN_TILES = "clip.vision.preproc_min_tiles"
 KEY_PREPROC_MAX_TILES = "clip.vision.preproc_max_tiles"
+KEY_A_RVQ_NUM_QUANTIZERS = "clip.audio.rvq.num_quantizers"
+KEY_A_RVQ_CODEBOOK_SIZE = "clip.audio.rvq.codebook_size"
+KEY_A_WA_PATTERN_MODE = "clip.audio.wa_pattern_mode"
+KEY_A_ATTN_WINDOW_SIZE = "clip.audio.window_size"
+KEY_A_LOCAL_BLOCK_COUNT = "clip.audio.local_block_count"
+KEY_A_LOCAL_GROUP_SIZE = "clip.audio.local_group_size"
 
 # clip-impl.h: tensor names
 TN_POS_EMBD = "%s.position_embd.weight"
@@ -133,6 +139,20 @@ TN_CONV_DW = "%s.blk.%d.conv_dw.%s"
 TN_CONV_NORM = "%s.blk.%d.conv_norm.%s"
 TN_CONV_PW1 = "%s.blk.%d.conv_pw1.%s"
 TN_CONV_PW2 = "%s.blk.%d.conv_pw2.%s"
+TN_A_DOWNSAMPLE_CONV = "a.downsample.conv.%s"
+TN_A_DOWNSAMPLE_NORM = "a.downsample.norm.%s"
+TN_A_RVQ_CODEBOOK = "a.rvq.codebook.%s"
+TN_MM_A_CODE_EMBD = "mm.a.code_embd.%s"
+TN_MM_A_LOCAL_ATTN_Q = "mm.a.local_blk.%d.attn_q.%s"
+TN_MM_A_LOCAL_ATTN_K = "mm.a.local_blk.%d.attn_k.%s"
+TN_MM_A_LOCAL_ATTN_V = "mm.a.local_blk.%d.attn_v.%s"
+TN_MM_A_LOCAL_ATTN_OUT = "mm.a.local_blk.%d.attn_out.%s"
+TN_MM_A_LOCAL_FFN_GATE = "mm.a.local_blk.%d.ffn_gate.%s"
+TN_MM_A_LOCAL_FFN_UP = "mm.a.local_blk.%d.ffn_up.%s"
+TN_MM_A_LOCAL_FFN_DOWN = "mm.a.local_blk.%d.ffn_down.%s"
+TN_MM_A_LOCAL_LN1 = "mm.a.local_blk.%d.ln1.%s"
+TN_MM_A_LOCAL_LN2 = "mm.a.local_blk.%d.ln2.%s"
+TN_MM_A_LOCAL_NORM = "mm.a.local_norm.%s"
 TN_PRE_ENCODE_OUT = "a.pre_encode.out.%s"
 TN_POS_BIAS_U = "%s.blk.%d.pos_bias_u"
 TN_POS_BIAS_V = "%s.blk.%d.pos_bias_v"
@@ -178,6 +198,7 @@ GRAPH_BUILDERS = {
     "gemma4a": "gemma4a",
     "lfm2a": "conformer",
     "dots3note_a": "dots3note",
+    "mimo_audio": "mimo_audio",
 }
 
 # the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
@@ -236,6 +257,12 @@ class ClipHparams:
     minicpmv_query_num: int = 0
     custom_image_min_tokens: int = -1
     custom_image_max_tokens: int = -1
+    attn_window_size: int = 0
+    rvq_num_quantizers: int = 0
+    rvq_codebook_size: list[int] = field(default_factory=list)
+    wa_pattern_mode: list[int] = field(default_factory=list)
+    audio_local_n_layer: int = 0
+    audio_local_group_size: int = 0
 
     def set_limit_image_tokens(self, n_tokens_min: int, n_tokens_max: int) -> None:
         patch_area = self.patch_size * self.patch_size * self.n_merge * self.n_merge
@@ -422,6 +449,15 @@ class ClipModel:
     pre_encode_conv_X_b: list[Optional[Tensor]] = field(default_factory=lambda: [None] * 7)
     pre_encode_out_w: Optional[Tensor] = None
     pre_encode_out_b: Optional[Tensor] = None
+    # MiMo-Audio: the tokenizer's downsampling and RVQ codebooks, the LLM side's code embeddings and
+    # input_local_transformer
+    downsample_conv_w: Optional[Tensor] = None
+    downsample_norm_w: Optional[Tensor] = None
+    downsample_norm_b: Optional[Tensor] = None
+    rvq_codebook: Optional[Tensor] = None
+    mm_a_code_embd: Optional[Tensor] = None
+    mm_a_local_layers: list[ClipLayer] = field(default_factory=list)
+    mm_a_local_norm_w: Optional[Tensor] = None
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -675,6 +711,25 @@ class ClipModelLoader:
             hp.set_warmup_n_tokens(256)
         elif proj_type == "dots3note_a":
             hp.rope_theta = 10000.0
+        elif proj_type == "mimo_audio":
+            hp.rvq_num_quantizers = self.get_u32(KEY_A_RVQ_NUM_QUANTIZERS, 0)
+            hp.rvq_codebook_size = self.get_arr(KEY_A_RVQ_CODEBOOK_SIZE, INT32, False) or []
+            if hp.rvq_num_quantizers <= 0:
+                self.fail(f"load_hparams: mimo_audio: missing {KEY_A_RVQ_NUM_QUANTIZERS}")
+            if len(hp.rvq_codebook_size) != hp.rvq_num_quantizers:
+                self.fail(f"load_hparams: mimo_audio: {KEY_A_RVQ_CODEBOOK_SIZE} length ({len(hp.rvq_codebook_size)}) "
+                          f"must equal {KEY_A_RVQ_NUM_QUANTIZERS} ({hp.rvq_num_quantizers})")
+            hp.ffn_op = FFN_GELU_ERF
+            hp.rope_theta = 10000.0
+            hp.attn_window_size = self.get_u32(KEY_A_ATTN_WINDOW_SIZE)
+            hp.wa_pattern_mode = self.get_arr(KEY_A_WA_PATTERN_MODE, INT32, True)
+            if len(hp.wa_pattern_mode) != hp.n_layer:
+                self.fail(f"load_hparams: mimo_audio: {KEY_A_WA_PATTERN_MODE} length ({len(hp.wa_pattern_mode)}) "
+                          f"must equal n_layer ({hp.n_layer})")
+            hp.audio_local_n_layer = self.get_u32(KEY_A_LOCAL_BLOCK_COUNT)
+            hp.audio_local_group_size = self.get_u32(KEY_A_LOCAL_GROUP_SIZE)
+            if hp.audio_local_group_size <= 0:
+                self.fail(f"load_hparams: mimo_audio: {KEY_A_LOCAL_GROUP_SIZE} must be > 0")
         elif proj_type == "gemma4a":
             # conversion wrote a wrong rms_norm_eps; every gemma4a model uses 1e-6
             hp.eps = 1e-6
@@ -714,6 +769,8 @@ class ClipModelLoader:
             self.fail(f"load_hparams: n_merge ({hp.n_merge}) must be greater than 0 and less than 65536")
         # gemma4ua's n_mel_bins is a raw-waveform frame size: no FFT, no upper bound
         fft_based = proj_type != "gemma4ua"
+        if hp.attn_window_size > 4096:
+            self.fail(f"load_hparams: attn_window_size ({hp.attn_window_size}) is too large (max 4096)")
         if modality == MODALITY_AUDIO and (hp.n_mel_bins <= 0 or (fft_based and hp.n_mel_bins > 256)):
             self.fail(f"load_hparams: n_mel_bins ({hp.n_mel_bins}) must be in range [1, 256]")
 
@@ -911,6 +968,40 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
             model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (3, "weight"))
             model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
+        elif model.proj_type == "mimo_audio":
+            model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
+            model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
+            model.conv1d_2_w = get_tensor(TN_CONV1D % (2, "weight"))
+            model.conv1d_2_b = get_tensor(TN_CONV1D % (2, "bias"))
+            model.downsample_conv_w = get_tensor(TN_A_DOWNSAMPLE_CONV % "weight")
+            model.downsample_norm_w = get_tensor(TN_A_DOWNSAMPLE_NORM % "weight")
+            model.downsample_norm_b = get_tensor(TN_A_DOWNSAMPLE_NORM % "bias")
+            model.rvq_codebook = get_tensor(TN_A_RVQ_CODEBOOK % "weight", False)
+            model.mm_a_code_embd = get_tensor(TN_MM_A_CODE_EMBD % "weight", False)
+            if model.rvq_codebook is None or model.mm_a_code_embd is None:
+                self.fail(f"load_tensors: mimo_audio: missing {TN_A_RVQ_CODEBOOK} or {TN_MM_A_CODE_EMBD}")
+            # the metadata's bin counts bound by both tables (the graph's views read that many rows)
+            for bins in hp.rvq_codebook_size:
+                if bins <= 0 or bins > model.rvq_codebook.ne[1] or bins > model.mm_a_code_embd.ne[1]:
+                    self.fail(f"load_tensors: mimo_audio: {KEY_A_RVQ_CODEBOOK_SIZE} entry ({bins}) out of range for "
+                              f"codebook/code_embd tensors")
+            model.mm_a_local_layers = [ClipLayer() for _ in range(hp.audio_local_n_layer)]
+            for il, layer in enumerate(model.mm_a_local_layers):
+                layer.q_w = get_tensor(TN_MM_A_LOCAL_ATTN_Q % (il, "weight"))
+                layer.q_b = get_tensor(TN_MM_A_LOCAL_ATTN_Q % (il, "bias"))
+                layer.k_w = get_tensor(TN_MM_A_LOCAL_ATTN_K % (il, "weight"))
+                layer.k_b = get_tensor(TN_MM_A_LOCAL_ATTN_K % (il, "bias"))
+                layer.v_w = get_tensor(TN_MM_A_LOCAL_ATTN_V % (il, "weight"))
+                layer.v_b = get_tensor(TN_MM_A_LOCAL_ATTN_V % (il, "bias"))
+                layer.o_w = get_tensor(TN_MM_A_LOCAL_ATTN_OUT % (il, "weight"))
+                layer.ff_gate_w = get_tensor(TN_MM_A_LOCAL_FFN_GATE % (il, "weight"))
+                layer.ff_up_w = get_tensor(TN_MM_A_LOCAL_FFN_UP % (il, "weight"))
+                layer.ff_down_w = get_tensor(TN_MM_A_LOCAL_FFN_DOWN % (il, "weight"))
+                layer.ln_1_w = get_tensor(TN_MM_A_LOCAL_LN1 % (il, "weight"))
+                layer.ln_2_w = get_tensor(TN_MM_A_LOCAL_LN2 % (il, "weight"))
+            model.mm_a_local_norm_w = get_tensor(TN_MM_A_LOCAL_NORM % "weight")
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
         elif model.proj_type == "glma":
             model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
             model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
@@ -1059,7 +1150,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
             raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
                             "mm.a.input_projection.weight (a null tensor is read)")
         return model.mm_input_proj_w.ne[1]
-    if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a", "glma", "dots3note_a"):
+    if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a", "glma", "dots3note_a", "mimo_audio"):
         return model.mm_2_w.ne[1]
     if p == "lfm2a":
         if model.position_embeddings is None:

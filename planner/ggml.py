@@ -392,6 +392,14 @@ def sqrt(a: Tensor) -> Tensor:
     return _unary_like("SQRT", a, [a])
 
 
+def sin(a: Tensor) -> Tensor:
+    return _unary_like("SIN", a, [a])
+
+
+def cos(a: Tensor) -> Tensor:
+    return _unary_like("COS", a, [a])
+
+
 def rms_norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
     return _unary_like("RMS_NORM", a, [a], (eps,), inplace)
 

@@ -194,6 +194,12 @@ def _projector_with(tmp_path, name: str, change) -> str:
     # a required tensor missing: clip.cpp's "unable to find tensor"
     ("tiny-mmproj-gemma3", lambda h: setattr(next(t for t in h.tis if t.name == b"mm.soft_emb_norm.weight"), "name", b"y"),
      "unable to find tensor mm.soft_emb_norm.weight"),
+    # Parakeet's audio preprocessor takes its window from the file: mtmd-audio.cpp's GGML_ASSERT on its size
+    ("tiny-mmproj-parakeet", lambda h: setattr(next(t for t in h.tis if t.name == b"a.window"), "name", b"z"),
+     "a window of 0 for 400"),
+    # gemma4a loads its output projection as optional, clip_n_mmproj_embd reads it regardless
+    ("tiny-mmproj-gemma4a", lambda h: setattr(next(t for t in h.tis if t.name == b"mm.a.input_projection.weight"),
+                                              "name", b"z"), "no mm.a.input_projection.weight"),
 ])
 def test_damaged_projectors_are_one_line(tmp_path, name, change, needle):
     from fixtures.fuzz import PROJECTOR_MODEL_DEFAULT, PROJECTOR_MODELS

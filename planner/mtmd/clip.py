@@ -69,6 +69,8 @@ KEY_A_WA_PATTERN_MODE = "clip.audio.wa_pattern_mode"
 KEY_A_ATTN_WINDOW_SIZE = "clip.audio.window_size"
 KEY_A_LOCAL_BLOCK_COUNT = "clip.audio.local_block_count"
 KEY_A_LOCAL_GROUP_SIZE = "clip.audio.local_group_size"
+KEY_A_CONV_KERNEL_SIZE = "clip.audio.conv_kernel_size"
+KEY_AUDIO_SUBSMPL_FACTOR = "clip.audio.subsampling_factor"
 
 # clip-impl.h: tensor names
 TN_POS_EMBD = "%s.position_embd.weight"
@@ -153,6 +155,10 @@ TN_MM_A_LOCAL_FFN_DOWN = "mm.a.local_blk.%d.ffn_down.%s"
 TN_MM_A_LOCAL_LN1 = "mm.a.local_blk.%d.ln1.%s"
 TN_MM_A_LOCAL_LN2 = "mm.a.local_blk.%d.ln2.%s"
 TN_MM_A_LOCAL_NORM = "mm.a.local_norm.%s"
+TN_CONV_NORM_MEAN = "%s.blk.%d.conv_norm_mean"
+TN_CONV_NORM_VAR = "%s.blk.%d.conv_norm_var"
+TN_MEL_FILTERS = "a.mel_filters"
+TN_WINDOW = "a.window"
 TN_PRE_ENCODE_OUT = "a.pre_encode.out.%s"
 TN_POS_BIAS_U = "%s.blk.%d.pos_bias_u"
 TN_POS_BIAS_V = "%s.blk.%d.pos_bias_v"
@@ -199,6 +205,7 @@ GRAPH_BUILDERS = {
     "lfm2a": "conformer",
     "dots3note_a": "dots3note",
     "mimo_audio": "mimo_audio",
+    "parakeet": "parakeet",
 }
 
 # the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
@@ -263,6 +270,10 @@ class ClipHparams:
     wa_pattern_mode: list[int] = field(default_factory=list)
     audio_local_n_layer: int = 0
     audio_local_group_size: int = 0
+    subsampling_factor: int = 0
+    audio_conv_kernel_size: int = 0
+    n_mel_filters: int = 0          # parakeet's a.mel_filters and a.window: their f32 values (get_vector)
+    n_window: int = 0
 
     def set_limit_image_tokens(self, n_tokens_min: int, n_tokens_max: int) -> None:
         patch_area = self.patch_size * self.patch_size * self.n_merge * self.n_merge
@@ -355,6 +366,8 @@ class ClipLayer:
     conv_dw_b: Optional[Tensor] = None
     conv_norm_w: Optional[Tensor] = None
     conv_norm_b: Optional[Tensor] = None
+    conv_norm_mean: Optional[Tensor] = None
+    conv_norm_var: Optional[Tensor] = None
     conv_pw2_w: Optional[Tensor] = None
     conv_pw2_b: Optional[Tensor] = None
     ff_norm_1_w: Optional[Tensor] = None
@@ -412,6 +425,7 @@ class ClipModel:
     mm_model_proj: Optional[Tensor] = None
     mm_model_mlp_1_w: Optional[Tensor] = None
     mm_model_mlp_2_w: Optional[Tensor] = None
+    mm_model_mlp_3_w: Optional[Tensor] = None
     token_embd_img_break: Optional[Tensor] = None
     std_bias: Optional[Tensor] = None
     std_scale: Optional[Tensor] = None
@@ -711,6 +725,16 @@ class ClipModelLoader:
             hp.set_warmup_n_tokens(256)
         elif proj_type == "dots3note_a":
             hp.rope_theta = 10000.0
+        elif proj_type == "parakeet":
+            hp.subsampling_factor = self.get_u32(KEY_AUDIO_SUBSMPL_FACTOR)
+            if hp.subsampling_factor != 8:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(subsampling_factor == 8), the graph's conv strides): {hp.subsampling_factor}")
+            hp.audio_conv_kernel_size = self.get_u32(KEY_A_CONV_KERNEL_SIZE)
+            if hp.audio_conv_kernel_size <= 0 or hp.audio_conv_kernel_size % 2 != 1:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT: audio_conv_kernel_size must be a positive odd integer): "
+                                f"{hp.audio_conv_kernel_size}")
         elif proj_type == "mimo_audio":
             hp.rvq_num_quantizers = self.get_u32(KEY_A_RVQ_NUM_QUANTIZERS, 0)
             hp.rvq_codebook_size = self.get_arr(KEY_A_RVQ_CODEBOOK_SIZE, INT32, False) or []
@@ -968,6 +992,47 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
             model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (3, "weight"))
             model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
+        elif model.proj_type == "parakeet":
+            hp.n_mel_filters = self.check_vector(TN_MEL_FILTERS)
+            hp.n_window = self.check_vector(TN_WINDOW)
+            for i in (0, 2, 3, 5, 6):
+                model.pre_encode_conv_X_w[i] = get_tensor(TN_CONV1D % (i, "weight"))
+                model.pre_encode_conv_X_b[i] = get_tensor(TN_CONV1D % (i, "bias"))
+            model.pre_encode_out_w = get_tensor(TN_PRE_ENCODE_OUT % "weight")
+            model.pre_encode_out_b = get_tensor(TN_PRE_ENCODE_OUT % "bias")
+            model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight", False)
+            model.mm_0_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"), False)
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"), False)
+            for il, layer in enumerate(model.layers):
+                def t(fmt: str, suffix: str, required: bool = True) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix), required)
+                layer.linear_pos_w = t(TN_LINEAR_POS, "weight")
+                layer.pos_bias_u = get_tensor(TN_POS_BIAS_U % (prefix, il))
+                layer.pos_bias_v = get_tensor(TN_POS_BIAS_V % (prefix, il))
+                layer.conv_pw1_w = t(TN_CONV_PW1, "weight")
+                layer.conv_pw1_b = t(TN_CONV_PW1, "bias", False)
+                layer.conv_dw_w = t(TN_CONV_DW, "weight")
+                layer.conv_dw_b = t(TN_CONV_DW, "bias", False)
+                layer.conv_norm_w = t(TN_CONV_NORM, "weight")
+                layer.conv_norm_b = t(TN_CONV_NORM, "bias")
+                layer.conv_norm_mean = get_tensor(TN_CONV_NORM_MEAN % (prefix, il))
+                layer.conv_norm_var = get_tensor(TN_CONV_NORM_VAR % (prefix, il))
+                layer.conv_pw2_w = t(TN_CONV_PW2, "weight")
+                layer.conv_pw2_b = t(TN_CONV_PW2, "bias", False)
+                layer.ff_norm_w = t(TN_FFN_NORM, "weight")
+                layer.ff_norm_b = t(TN_FFN_NORM, "bias")
+                layer.ff_norm_1_w = t(TN_FFN_NORM_1, "weight")
+                layer.ff_norm_1_b = t(TN_FFN_NORM_1, "bias")
+                layer.ff_up_1_w = t(TN_FFN_UP_1, "weight")
+                layer.ff_up_1_b = t(TN_FFN_UP_1, "bias", False)
+                layer.ff_down_1_w = t(TN_FFN_DOWN_1, "weight")
+                layer.ff_down_1_b = t(TN_FFN_DOWN_1, "bias", False)
+                layer.norm_conv_w = t(TN_NORM_CONV, "weight")
+                layer.norm_conv_b = t(TN_NORM_CONV, "bias")
+            # the file's vision projector (Nemotron's mlp1), required by this loader too
+            model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (0, "weight"))
+            model.mm_model_mlp_2_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
+            model.mm_model_mlp_3_w = get_tensor(TN_MVLM_PROJ_MLP % (3, "weight"))
         elif model.proj_type == "mimo_audio":
             model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
             model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
@@ -1118,16 +1183,23 @@ class ClipModelLoader:
                     self.check_scalar(name.replace(".weight", suffix))
                 model.clamped.add(name)
 
-    def check_scalar(self, name: str) -> None:
-        """get_scalar's checks of a scalar tensor it reads from the file, when there is one."""
+    def check_vector(self, name: str) -> int:
+        """get_vector's checks of a tensor it reads from the file, when there is one: its f32 values
+        (none when absent)."""
         info = self.header.tensor(name)
         if info is None:
-            return
+            return 0
         if info.type != ggml.T.F32:
             self.fail(f"load_tensors: {name} must be f32, was {ggml.type_name(info.type)}")
         if info.nbytes == 0:
             self.fail(f"load_tensors: tensor {name} is empty")
-        if info.n_elements != 1:
+        return info.nbytes // 4
+
+    def check_scalar(self, name: str) -> None:
+        """get_scalar's checks of a scalar tensor it reads from the file, when there is one."""
+        self.check_vector(name)
+        info = self.header.tensor(name)
+        if info is not None and info.n_elements != 1:
             self.fail(f"load_tensors: expected scalar tensor '{name}' but got {info.n_elements} elements")
 
 
@@ -1152,6 +1224,11 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_input_proj_w.ne[1]
     if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a", "glma", "dots3note_a", "mimo_audio"):
         return model.mm_2_w.ne[1]
+    if p == "parakeet":
+        if model.mm_1_w is None:
+            raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
+                            "mm.a.mlp.2.weight (a null tensor is read)")
+        return model.mm_1_w.ne[1]
     if p == "lfm2a":
         if model.position_embeddings is None:
             raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "

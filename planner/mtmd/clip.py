@@ -71,6 +71,11 @@ KEY_A_LOCAL_BLOCK_COUNT = "clip.audio.local_block_count"
 KEY_A_LOCAL_GROUP_SIZE = "clip.audio.local_group_size"
 KEY_A_CONV_KERNEL_SIZE = "clip.audio.conv_kernel_size"
 KEY_AUDIO_SUBSMPL_FACTOR = "clip.audio.subsampling_factor"
+KEY_A_CHUNK_SIZE = "clip.audio.chunk_size"
+KEY_A_MAX_POS_EMB = "clip.audio.max_pos_emb"
+KEY_A_PROJ_WINDOW_SIZE = "clip.audio.projector.window_size"
+KEY_A_PROJ_DOWNSAMPLE_RATE = "clip.audio.projector.downsample_rate"
+KEY_A_PROJ_HEAD_COUNT = "clip.audio.projector.head_count"
 
 # clip-impl.h: tensor names
 TN_POS_EMBD = "%s.position_embd.weight"
@@ -157,6 +162,26 @@ TN_MM_A_LOCAL_LN2 = "mm.a.local_blk.%d.ln2.%s"
 TN_MM_A_LOCAL_NORM = "mm.a.local_norm.%s"
 TN_CONV_NORM_MEAN = "%s.blk.%d.conv_norm_mean"
 TN_CONV_NORM_VAR = "%s.blk.%d.conv_norm_var"
+TN_INP_PROJ = "a.input_projection.%s"
+TN_CTC_OUT = "a.enc_ctc_out.%s"
+TN_CTC_OUT_MID = "a.enc_ctc_out_mid.%s"
+TN_ATTN_REL_POS_EMB = "%s.blk.%d.attn_rel_pos_emb"
+TN_QF_PROJ_QUERY = "%s.proj_query"
+TN_QF_PROJ_NORM = "%s.proj_norm.%s"
+TN_QF_PROJ_LINEAR = "%s.proj_linear.%s"
+TN_QF_SELF_ATTN_Q = "%s.proj_blk.%d.self_attn_q.%s"
+TN_QF_SELF_ATTN_K = "%s.proj_blk.%d.self_attn_k.%s"
+TN_QF_SELF_ATTN_V = "%s.proj_blk.%d.self_attn_v.%s"
+TN_QF_SELF_ATTN_O = "%s.proj_blk.%d.self_attn_out.%s"
+TN_QF_SELF_ATTN_N = "%s.proj_blk.%d.self_attn_norm.%s"
+TN_QF_CROSS_ATTN_Q = "%s.proj_blk.%d.cross_attn_q.%s"
+TN_QF_CROSS_ATTN_K = "%s.proj_blk.%d.cross_attn_k.%s"
+TN_QF_CROSS_ATTN_V = "%s.proj_blk.%d.cross_attn_v.%s"
+TN_QF_CROSS_ATTN_O = "%s.proj_blk.%d.cross_attn_out.%s"
+TN_QF_CROSS_ATTN_N = "%s.proj_blk.%d.cross_attn_norm.%s"
+TN_QF_FFN_UP = "%s.proj_blk.%d.ffn_up.%s"
+TN_QF_FFN_DOWN = "%s.proj_blk.%d.ffn_down.%s"
+TN_QF_FFN_NORM = "%s.proj_blk.%d.ffn_norm.%s"
 TN_MEL_FILTERS = "a.mel_filters"
 TN_WINDOW = "a.window"
 TN_PRE_ENCODE_OUT = "a.pre_encode.out.%s"
@@ -206,6 +231,7 @@ GRAPH_BUILDERS = {
     "dots3note_a": "dots3note",
     "mimo_audio": "mimo_audio",
     "parakeet": "parakeet",
+    "granite_speech": "granite_speech",
 }
 
 # the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
@@ -272,6 +298,11 @@ class ClipHparams:
     audio_local_group_size: int = 0
     subsampling_factor: int = 0
     audio_conv_kernel_size: int = 0
+    audio_chunk_size: int = 0
+    audio_max_pos_emb: int = 0
+    audio_proj_window_size: int = 0
+    audio_proj_downsample_rate: int = 0
+    audio_proj_head_count: int = 0
     n_mel_filters: int = 0          # parakeet's a.mel_filters and a.window: their f32 values (get_vector)
     n_window: int = 0
 
@@ -377,9 +408,32 @@ class ClipLayer:
     ff_down_1_w: Optional[Tensor] = None
     ff_down_1_b: Optional[Tensor] = None
     ff_post_norm_1_w: Optional[Tensor] = None
+    attn_rel_pos_emb: Optional[Tensor] = None
+    # a QFormer layer's cross-attention (Granite Speech)
+    cross_attn_q_w: Optional[Tensor] = None
+    cross_attn_q_b: Optional[Tensor] = None
+    cross_attn_k_w: Optional[Tensor] = None
+    cross_attn_k_b: Optional[Tensor] = None
+    cross_attn_v_w: Optional[Tensor] = None
+    cross_attn_v_b: Optional[Tensor] = None
+    cross_attn_o_w: Optional[Tensor] = None
+    cross_attn_o_b: Optional[Tensor] = None
+    cross_attn_norm_w: Optional[Tensor] = None
+    cross_attn_norm_b: Optional[Tensor] = None
 
     def has_deepstack(self) -> bool:
         return self.deepstack_fc1_w is not None
+
+
+@dataclass
+class QfBlock:
+    """qf_block (Granite Speech): the QFormer projector's queries, norm, layers and output linear."""
+    qf_proj_query: Optional[Tensor] = None
+    qf_proj_norm_w: Optional[Tensor] = None
+    qf_proj_norm_b: Optional[Tensor] = None
+    qf_proj_linear_w: Optional[Tensor] = None
+    qf_proj_linear_b: Optional[Tensor] = None
+    qf_proj_layers: list[ClipLayer] = field(default_factory=list)
 
 
 @dataclass
@@ -472,6 +526,14 @@ class ClipModel:
     mm_a_code_embd: Optional[Tensor] = None
     mm_a_local_layers: list[ClipLayer] = field(default_factory=list)
     mm_a_local_norm_w: Optional[Tensor] = None
+    # Granite Speech: the input projection, the CTC branch, the QFormer projector
+    inp_proj_w: Optional[Tensor] = None
+    inp_proj_b: Optional[Tensor] = None
+    ctc_out_w: Optional[Tensor] = None
+    ctc_out_b: Optional[Tensor] = None
+    ctc_out_mid_w: Optional[Tensor] = None
+    ctc_out_mid_b: Optional[Tensor] = None
+    qf_proj_blocks: list[QfBlock] = field(default_factory=list)
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -725,6 +787,17 @@ class ClipModelLoader:
             hp.set_warmup_n_tokens(256)
         elif proj_type == "dots3note_a":
             hp.rope_theta = 10000.0
+        elif proj_type == "granite_speech":
+            hp.audio_chunk_size = self.get_u32(KEY_A_CHUNK_SIZE)
+            # squared for the attention distances and masks: capped against int32 overflow
+            if not 0 < hp.audio_chunk_size <= 8192:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(audio_chunk_size > 0 && audio_chunk_size <= 8192)): {hp.audio_chunk_size}")
+            hp.audio_conv_kernel_size = self.get_u32(KEY_A_CONV_KERNEL_SIZE)
+            hp.audio_max_pos_emb = self.get_u32(KEY_A_MAX_POS_EMB)
+            hp.audio_proj_window_size = self.get_u32(KEY_A_PROJ_WINDOW_SIZE)
+            hp.audio_proj_downsample_rate = self.get_u32(KEY_A_PROJ_DOWNSAMPLE_RATE)
+            hp.audio_proj_head_count = self.get_u32(KEY_A_PROJ_HEAD_COUNT)
         elif proj_type == "parakeet":
             hp.subsampling_factor = self.get_u32(KEY_AUDIO_SUBSMPL_FACTOR)
             if hp.subsampling_factor != 8:
@@ -992,6 +1065,59 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
             model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (3, "weight"))
             model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
+        elif model.proj_type == "granite_speech":
+            model.inp_proj_w = get_tensor(TN_INP_PROJ % "weight")
+            model.inp_proj_b = get_tensor(TN_INP_PROJ % "bias")
+            model.ctc_out_w = get_tensor(TN_CTC_OUT % "weight")
+            model.ctc_out_b = get_tensor(TN_CTC_OUT % "bias")
+            model.ctc_out_mid_w = get_tensor(TN_CTC_OUT_MID % "weight")
+            model.ctc_out_mid_b = get_tensor(TN_CTC_OUT_MID % "bias")
+            for il, layer in enumerate(model.layers):
+                def t(fmt: str, suffix: str) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix))
+                layer.attn_rel_pos_emb = get_tensor(TN_ATTN_REL_POS_EMB % (prefix, il))
+                layer.ff_norm_w = t(TN_FFN_NORM, "weight")
+                layer.ff_norm_b = t(TN_FFN_NORM, "bias")
+                layer.ff_norm_1_w = t(TN_FFN_NORM_1, "weight")
+                layer.ff_norm_1_b = t(TN_FFN_NORM_1, "bias")
+                layer.ff_up_1_w = t(TN_FFN_UP_1, "weight")
+                layer.ff_up_1_b = t(TN_FFN_UP_1, "bias")
+                layer.ff_down_1_w = t(TN_FFN_DOWN_1, "weight")
+                layer.ff_down_1_b = t(TN_FFN_DOWN_1, "bias")
+                layer.norm_conv_w = t(TN_NORM_CONV, "weight")
+                layer.norm_conv_b = t(TN_NORM_CONV, "bias")
+                layer.conv_norm_w = t(TN_CONV_NORM, "weight")
+                layer.conv_norm_b = t(TN_CONV_NORM, "bias")
+                layer.conv_dw_w = t(TN_CONV_DW, "weight")
+                layer.conv_pw1_w = t(TN_CONV_PW1, "weight")
+                layer.conv_pw1_b = t(TN_CONV_PW1, "bias")
+                layer.conv_pw2_w = t(TN_CONV_PW2, "weight")
+                layer.conv_pw2_b = t(TN_CONV_PW2, "bias")
+            qf = QfBlock()
+            model.qf_proj_blocks = [qf]
+            qf.qf_proj_query = get_tensor(TN_QF_PROJ_QUERY % prefix)
+            qf.qf_proj_norm_w = get_tensor(TN_QF_PROJ_NORM % (prefix, "weight"))
+            qf.qf_proj_norm_b = get_tensor(TN_QF_PROJ_NORM % (prefix, "bias"))
+            qf.qf_proj_linear_w = get_tensor(TN_QF_PROJ_LINEAR % (prefix, "weight"))
+            qf.qf_proj_linear_b = get_tensor(TN_QF_PROJ_LINEAR % (prefix, "bias"))
+            qf.qf_proj_layers = [ClipLayer() for _ in range(2)]      # n_proj_layers
+            for il, pl in enumerate(qf.qf_proj_layers):
+                def q(fmt: str, suffix: str) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix))
+                pl.q_w, pl.q_b = q(TN_QF_SELF_ATTN_Q, "weight"), q(TN_QF_SELF_ATTN_Q, "bias")
+                pl.k_w, pl.k_b = q(TN_QF_SELF_ATTN_K, "weight"), q(TN_QF_SELF_ATTN_K, "bias")
+                pl.v_w, pl.v_b = q(TN_QF_SELF_ATTN_V, "weight"), q(TN_QF_SELF_ATTN_V, "bias")
+                pl.o_w, pl.o_b = q(TN_QF_SELF_ATTN_O, "weight"), q(TN_QF_SELF_ATTN_O, "bias")
+                pl.ln_1_w, pl.ln_1_b = q(TN_QF_SELF_ATTN_N, "weight"), q(TN_QF_SELF_ATTN_N, "bias")
+                pl.cross_attn_q_w, pl.cross_attn_q_b = q(TN_QF_CROSS_ATTN_Q, "weight"), q(TN_QF_CROSS_ATTN_Q, "bias")
+                pl.cross_attn_k_w, pl.cross_attn_k_b = q(TN_QF_CROSS_ATTN_K, "weight"), q(TN_QF_CROSS_ATTN_K, "bias")
+                pl.cross_attn_v_w, pl.cross_attn_v_b = q(TN_QF_CROSS_ATTN_V, "weight"), q(TN_QF_CROSS_ATTN_V, "bias")
+                pl.cross_attn_o_w, pl.cross_attn_o_b = q(TN_QF_CROSS_ATTN_O, "weight"), q(TN_QF_CROSS_ATTN_O, "bias")
+                pl.cross_attn_norm_w = q(TN_QF_CROSS_ATTN_N, "weight")
+                pl.cross_attn_norm_b = q(TN_QF_CROSS_ATTN_N, "bias")
+                pl.ff_up_w, pl.ff_up_b = q(TN_QF_FFN_UP, "weight"), q(TN_QF_FFN_UP, "bias")
+                pl.ff_down_w, pl.ff_down_b = q(TN_QF_FFN_DOWN, "weight"), q(TN_QF_FFN_DOWN, "bias")
+                pl.ln_2_w, pl.ln_2_b = q(TN_QF_FFN_NORM, "weight"), q(TN_QF_FFN_NORM, "bias")
         elif model.proj_type == "parakeet":
             hp.n_mel_filters = self.check_vector(TN_MEL_FILTERS)
             hp.n_window = self.check_vector(TN_WINDOW)
@@ -1224,6 +1350,8 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_input_proj_w.ne[1]
     if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a", "glma", "dots3note_a", "mimo_audio"):
         return model.mm_2_w.ne[1]
+    if p == "granite_speech":
+        return model.qf_proj_blocks[0].qf_proj_linear_w.ne[1]
     if p == "parakeet":
         if model.mm_1_w is None:
             raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "

@@ -63,6 +63,8 @@ KEY_MM_PATCH_MERGE_TYPE = "clip.vision.mm_patch_merge_type"
 KEY_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"
 KEY_PREPROC_MIN_TILES = "clip.vision.preproc_min_tiles"
 KEY_PREPROC_MAX_TILES = "clip.vision.preproc_max_tiles"
+KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
+KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
 # clip-impl.h: tensor names
 TN_POS_EMBD = "%s.position_embd.weight"
@@ -139,7 +141,8 @@ GRAPH_BUILDERS = {
     "gemma3": "siglip", "idefics3": "siglip", "lfm2": "siglip",
     "qwen2vl_merger": "qwen2vl", "qwen2.5vl_merger": "qwen2vl",
     "qwen3vl_merger": "qwen3vl",
-    "pixtral": "pixtral",
+    "pixtral": "pixtral", "lightonocr": "pixtral",
+    "paddleocr": "paddleocr",
     "kimivl": "kimivl",
     "llama4": "llama4",
     "internvl": "internvl",
@@ -575,6 +578,19 @@ class ClipModelLoader:
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             hp.set_limit_image_tokens(8, 1024)
             hp.set_warmup_n_tokens(256)   # avoid OOM on warmup
+        elif proj_type == "lightonocr":
+            hp.n_merge = 1
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.image_longest_edge = hp.image_size
+            hp.image_longest_edge = self.get_u32(KEY_PREPROC_IMAGE_SIZE, hp.image_longest_edge)
+            hp.set_limit_image_tokens_custom()
+            hp.set_warmup_n_tokens(256)
+        elif proj_type == "paddleocr":
+            hp.n_merge = 2
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(28 * 28)   # avoid OOM on warmup
         elif proj_type == "kimivl":
             hp.rope_theta = 10000.0
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
@@ -737,7 +753,7 @@ class ClipModelLoader:
             model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM, False)
             model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B, False)
             mm_1_2(True)
-        elif model.proj_type == "kimivl":
+        elif model.proj_type in ("kimivl", "paddleocr"):
             model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)
             model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B)
             mm_1_2(True)
@@ -745,6 +761,10 @@ class ClipModelLoader:
             mm_1_2(False)
             model.token_embd_img_break = get_tensor(TN_TOK_IMG_BREAK)
             model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM, False)       # Mistral Small 3.1's merger
+            model.mm_patch_merger_w = get_tensor(TN_MM_PATCH_MERGER % "weight", False)
+        elif model.proj_type == "lightonocr":     # Pixtral's tensors without [IMG_BREAK]
+            mm_1_2(False)
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM, False)
             model.mm_patch_merger_w = get_tensor(TN_MM_PATCH_MERGER % "weight", False)
         elif model.proj_type == "glm4v":
             model.mm_fc_w = get_tensor(TN_MM_PROJECTOR % "weight")
@@ -846,7 +866,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_2_w.ne[1]
     if p == "qwen2a":
         return model.mm_fc_w.ne[1]
-    if p in ("pixtral", "lfm2", "kimivl"):
+    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr"):
         return model.mm_2_w.ne[1]
     if p == "idefics3":
         return model.mm_fc_w.ne[1]

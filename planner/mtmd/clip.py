@@ -123,6 +123,11 @@ TN_MM_NORM_MID = "mm.a.norm_mid.%s"
 TN_DEEPSTACK_NORM = "v.deepstack.%d.norm.%s"
 TN_DEEPSTACK_FC1 = "v.deepstack.%d.fc1.%s"
 TN_DEEPSTACK_FC2 = "v.deepstack.%d.fc2.%s"
+TN_IMAGE_NEWLINE = "v.image_newline"
+TN_IMAGE_SEPERATOR = "v.view_seperator"
+TN_MM_PRE_NORM = "mm.pre_norm.%s"
+TN_MM_IMG_BEGIN = "mm.image_begin"
+TN_MM_IMG_END = "mm.image_end"
 
 # clip-impl.h PROJECTOR_TYPE_NAMES: every type llama.cpp knows, by its GGUF name
 PROJECTOR_TYPE_NAMES = (
@@ -143,6 +148,7 @@ GRAPH_BUILDERS = {
     "qwen3vl_merger": "qwen3vl",
     "pixtral": "pixtral", "lightonocr": "pixtral",
     "paddleocr": "paddleocr",
+    "hunyuanvl": "hunyuanvl",
     "kimivl": "kimivl",
     "llama4": "llama4",
     "internvl": "internvl",
@@ -346,6 +352,12 @@ class ClipModel:
     mm_norm_pre_w: Optional[Tensor] = None
     mm_norm_mid_w: Optional[Tensor] = None
     mm_fc_b: Optional[Tensor] = None
+    mm_model_proj_b: Optional[Tensor] = None
+    mm_pre_norm_w: Optional[Tensor] = None
+    mm_img_begin: Optional[Tensor] = None
+    mm_img_end: Optional[Tensor] = None
+    image_newline: Optional[Tensor] = None
+    view_seperator: Optional[Tensor] = None
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -591,6 +603,14 @@ class ClipModelLoader:
             hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
             hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
             hp.set_warmup_n_tokens(28 * 28)   # avoid OOM on warmup
+        elif proj_type == "hunyuanvl":
+            hp.n_merge = 2
+            hp.ffn_op = FFN_GELU
+            hp.set_limit_image_tokens(256, 16384)
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS, hp.image_min_pixels)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS, hp.image_max_pixels)
+            hp.set_warmup_n_tokens(32 * 32)
         elif proj_type == "kimivl":
             hp.rope_theta = 10000.0
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
@@ -825,6 +845,20 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
             model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
             model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+        elif model.proj_type == "hunyuanvl":
+            # proj.0 -> mm.0 (conv1), proj.2 -> mm.2 (conv2), mlp -> mm.model.fc (linear)
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+            model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
+            model.mm_model_proj_b = get_tensor(TN_MM_PROJECTOR % "bias")
+            model.mm_pre_norm_w = get_tensor(TN_MM_PRE_NORM % "weight")
+            model.mm_post_norm_w = get_tensor(TN_MM_POST_NORM % "weight")
+            model.mm_img_begin = get_tensor(TN_MM_IMG_BEGIN)
+            model.mm_img_end = get_tensor(TN_MM_IMG_END)
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE)
+            model.view_seperator = get_tensor(TN_IMAGE_SEPERATOR, False)
         elif model.proj_type == "llama4":
             model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
             model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
@@ -872,7 +906,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_fc_w.ne[1]
     if p == "internvl":
         return model.mm_3_w.ne[1]
-    if p == "llama4":
+    if p in ("llama4", "hunyuanvl"):
         return model.mm_model_proj.ne[1]
     if p == "glm4v":
         return model.mm_ffn_down_w.ne[1]

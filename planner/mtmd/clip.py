@@ -63,6 +63,8 @@ KEY_MM_PATCH_MERGE_TYPE = "clip.vision.mm_patch_merge_type"
 KEY_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"
 KEY_PREPROC_MIN_TILES = "clip.vision.preproc_min_tiles"
 KEY_PREPROC_MAX_TILES = "clip.vision.preproc_max_tiles"
+KEY_WIN_ATTN_LAYER_INDEXES = "clip.vision.wa_layer_indexes"
+KEY_ATTN_WINDOW_SIZE = "clip.vision.window_size"
 KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
 KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
@@ -149,6 +151,7 @@ GRAPH_BUILDERS = {
     "pixtral": "pixtral", "lightonocr": "pixtral",
     "paddleocr": "paddleocr",
     "hunyuanvl": "hunyuanvl",
+    "youtuvl": "youtuvl",
     "kimivl": "kimivl",
     "llama4": "llama4",
     "internvl": "internvl",
@@ -199,6 +202,8 @@ class ClipHparams:
     rope_theta: float = 0.0
     swiglu_clamp: float = 0.0
     n_wa_pattern: int = 0
+    wa_layer_indexes: set[int] = field(default_factory=set)
+    attn_window_size: int = 0
     image_longest_edge: int = 0
     preproc_min_tiles: int = 0
     preproc_max_tiles: int = 0
@@ -611,6 +616,13 @@ class ClipModelLoader:
             hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS, hp.image_min_pixels)
             hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS, hp.image_max_pixels)
             hp.set_warmup_n_tokens(32 * 32)
+        elif proj_type == "youtuvl":
+            hp.n_merge = 2
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.attn_window_size = self.get_u32(KEY_ATTN_WINDOW_SIZE)
+            hp.wa_layer_indexes = set(self.get_arr(KEY_WIN_ATTN_LAYER_INDEXES, INT32, True))
+            hp.set_limit_image_tokens(1, 62500)
+            hp.set_warmup_n_tokens(16 * 16)   # avoid OOM on warmup
         elif proj_type == "kimivl":
             hp.rope_theta = 10000.0
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
@@ -658,6 +670,8 @@ class ClipModelLoader:
                       f"({hp.image_min_pixels})")
         if hp.n_merge <= 0 or hp.n_merge >= 65536:
             self.fail(f"load_hparams: n_merge ({hp.n_merge}) must be greater than 0 and less than 65536")
+        if hp.attn_window_size > 4096:
+            self.fail(f"load_hparams: attn_window_size ({hp.attn_window_size}) is too large (max 4096)")
         if modality == MODALITY_AUDIO and not 1 <= hp.n_mel_bins <= 256:   # the FFT-based encoders planned
             self.fail(f"load_hparams: n_mel_bins ({hp.n_mel_bins}) must be in range [1, 256]")
 
@@ -845,6 +859,12 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
             model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
             model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+        elif model.proj_type == "youtuvl":
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)       # merger.ln_q (RMS norm)
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))  # merger.mlp.0
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))  # merger.mlp.2
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
         elif model.proj_type == "hunyuanvl":
             # proj.0 -> mm.0 (conv1), proj.2 -> mm.2 (conv2), mlp -> mm.model.fc (linear)
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
@@ -888,7 +908,7 @@ SWAPPED_FFN_TYPES = frozenset({"mlp", "mlp_norm", "ldp", "ldpv2", "qwen2vl_merge
 def clip_n_mmproj_embd(model: ClipModel) -> int:
     """clip_n_mmproj_embd: the text model's embedding size the projector's output must match."""
     p = model.proj_type
-    if p in ("qwen2vl_merger", "qwen2.5vl_merger"):
+    if p in ("qwen2vl_merger", "qwen2.5vl_merger", "youtuvl"):
         return model.mm_1_b.ne[0]
     if p == "qwen3vl_merger":
         return model.mm_1_b.ne[0] * (1 + model.n_deepstack_layers)   # main path + deepstack paths

@@ -65,6 +65,9 @@ KEY_PREPROC_MIN_TILES = "clip.vision.preproc_min_tiles"
 KEY_PREPROC_MAX_TILES = "clip.vision.preproc_max_tiles"
 KEY_WIN_ATTN_LAYER_INDEXES = "clip.vision.wa_layer_indexes"
 KEY_ATTN_WINDOW_SIZE = "clip.vision.window_size"
+KEY_PROJ_SAMPLE_QUERY_SIDE = "clip.vision.projector.query_side"
+KEY_PROJ_SAMPLE_WINDOW_SIDE = "clip.vision.projector.window_side"
+KEY_PROJ_SPATIAL_OFFSETS = "clip.vision.projector.spatial_offsets"
 KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
 KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
@@ -130,6 +133,24 @@ TN_IMAGE_SEPERATOR = "v.view_seperator"
 TN_MM_PRE_NORM = "mm.pre_norm.%s"
 TN_MM_IMG_BEGIN = "mm.image_begin"
 TN_MM_IMG_END = "mm.image_end"
+TN_QF_SELF_ATTN_Q = "%s.proj_blk.%d.self_attn_q.%s"
+TN_QF_SELF_ATTN_K = "%s.proj_blk.%d.self_attn_k.%s"
+TN_QF_SELF_ATTN_V = "%s.proj_blk.%d.self_attn_v.%s"
+TN_QF_SELF_ATTN_O = "%s.proj_blk.%d.self_attn_out.%s"
+TN_QF_SELF_ATTN_N = "%s.proj_blk.%d.self_attn_norm.%s"
+TN_QF_CROSS_ATTN_Q = "%s.proj_blk.%d.cross_attn_q.%s"
+TN_QF_CROSS_ATTN_K = "%s.proj_blk.%d.cross_attn_k.%s"
+TN_QF_CROSS_ATTN_V = "%s.proj_blk.%d.cross_attn_v.%s"
+TN_QF_CROSS_ATTN_O = "%s.proj_blk.%d.cross_attn_out.%s"
+TN_QF_CROSS_ATTN_N = "%s.proj_blk.%d.cross_attn_norm.%s"
+TN_QF_FFN_UP = "%s.proj_blk.%d.ffn_up.%s"
+TN_QF_FFN_DOWN = "%s.proj_blk.%d.ffn_down.%s"
+TN_QF_FFN_NORM = "%s.proj_blk.%d.ffn_norm.%s"
+TN_MULTI_PROJ_IMG_POS = "v.proj_blk.%d.img_pos"
+TN_MULTI_PROJ_QUERY = "%s.proj_blk.%d.query"
+TN_MULTI_PROJ_LINEAR = "%s.proj_blk.%d.linear.%s"
+TN_MULTI_PROJ_NORM = "%s.proj_blk.%d.norm.%s"
+TN_MULTI_PROJ_POST_NORM = "%s.proj_blk.%d.post_norm.%s"
 
 # clip-impl.h PROJECTOR_TYPE_NAMES: every type llama.cpp knows, by its GGUF name
 PROJECTOR_TYPE_NAMES = (
@@ -152,6 +173,7 @@ GRAPH_BUILDERS = {
     "paddleocr": "paddleocr",
     "hunyuanvl": "hunyuanvl",
     "youtuvl": "youtuvl",
+    "granite4_vision": "granite4_vision",
     "kimivl": "kimivl",
     "llama4": "llama4",
     "internvl": "internvl",
@@ -204,6 +226,9 @@ class ClipHparams:
     n_wa_pattern: int = 0
     wa_layer_indexes: set[int] = field(default_factory=set)
     attn_window_size: int = 0
+    proj_spatial_offsets: list[int] = field(default_factory=list)
+    downsample_query_side: int = 0
+    downsample_window_side: int = 0
     image_longest_edge: int = 0
     preproc_min_tiles: int = 0
     preproc_max_tiles: int = 0
@@ -288,9 +313,33 @@ class ClipLayer:
     deepstack_fc1_b: Optional[Tensor] = None
     deepstack_fc2_w: Optional[Tensor] = None
     deepstack_fc2_b: Optional[Tensor] = None
+    cross_attn_q_w: Optional[Tensor] = None       # a QFormer layer's cross-attention (qf_block)
+    cross_attn_q_b: Optional[Tensor] = None
+    cross_attn_k_w: Optional[Tensor] = None
+    cross_attn_k_b: Optional[Tensor] = None
+    cross_attn_v_w: Optional[Tensor] = None
+    cross_attn_v_b: Optional[Tensor] = None
+    cross_attn_o_w: Optional[Tensor] = None
+    cross_attn_o_b: Optional[Tensor] = None
+    cross_attn_norm_w: Optional[Tensor] = None
+    cross_attn_norm_b: Optional[Tensor] = None
 
     def has_deepstack(self) -> bool:
         return self.deepstack_fc1_w is not None
+
+
+@dataclass
+class QfBlock:
+    """qf_block (clip-model.h): a windowed QFormer projector."""
+    qf_proj_query: Optional[Tensor] = None
+    qf_proj_norm_w: Optional[Tensor] = None
+    qf_proj_norm_b: Optional[Tensor] = None
+    qf_proj_linear_w: Optional[Tensor] = None
+    qf_proj_linear_b: Optional[Tensor] = None
+    qf_proj_post_norm_w: Optional[Tensor] = None
+    qf_proj_post_norm_b: Optional[Tensor] = None
+    qf_proj_img_pos: Optional[Tensor] = None     # vision only
+    qf_proj_layers: list[ClipLayer] = field(default_factory=list)
 
 
 @dataclass
@@ -363,6 +412,7 @@ class ClipModel:
     mm_img_end: Optional[Tensor] = None
     image_newline: Optional[Tensor] = None
     view_seperator: Optional[Tensor] = None
+    qf_proj_blocks: list[QfBlock] = field(default_factory=list)
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -623,6 +673,15 @@ class ClipModelLoader:
             hp.wa_layer_indexes = set(self.get_arr(KEY_WIN_ATTN_LAYER_INDEXES, INT32, True))
             hp.set_limit_image_tokens(1, 62500)
             hp.set_warmup_n_tokens(16 * 16)   # avoid OOM on warmup
+        elif proj_type == "granite4_vision":
+            # feature_layers: read above as optional
+            hp.proj_spatial_offsets = self.get_arr(KEY_PROJ_SPATIAL_OFFSETS, INT32, True)
+            if len(hp.feature_layers) != len(hp.proj_spatial_offsets):
+                self.fail(f"load_hparams: feature_layers.size() {len(hp.feature_layers)} != proj_spatial_offsets.size() "
+                          f"{len(hp.proj_spatial_offsets)}")
+            hp.downsample_query_side = self.get_u32(KEY_PROJ_SAMPLE_QUERY_SIDE)
+            hp.downsample_window_side = self.get_u32(KEY_PROJ_SAMPLE_WINDOW_SIDE)
+            hp.warmup_image_size = hp.image_size
         elif proj_type == "kimivl":
             hp.rope_theta = 10000.0
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
@@ -865,6 +924,29 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))  # merger.mlp.2
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "granite4_vision":
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE)   # at the top level
+            # the layerwise and spatial projectors, each one QFormer layer
+            model.qf_proj_blocks = [QfBlock() for _ in hp.feature_layers]
+            for bid, b in enumerate(model.qf_proj_blocks):
+                b.qf_proj_img_pos = get_tensor(TN_MULTI_PROJ_IMG_POS % bid)
+                b.qf_proj_query = get_tensor(TN_MULTI_PROJ_QUERY % (prefix, bid))
+                b.qf_proj_linear_w = get_tensor(TN_MULTI_PROJ_LINEAR % (prefix, bid, "weight"))
+                b.qf_proj_linear_b = get_tensor(TN_MULTI_PROJ_LINEAR % (prefix, bid, "bias"))
+                b.qf_proj_norm_w = get_tensor(TN_MULTI_PROJ_NORM % (prefix, bid, "weight"))
+                b.qf_proj_norm_b = get_tensor(TN_MULTI_PROJ_NORM % (prefix, bid, "bias"))
+                b.qf_proj_post_norm_w = get_tensor(TN_MULTI_PROJ_POST_NORM % (prefix, bid, "weight"))
+                b.qf_proj_post_norm_b = get_tensor(TN_MULTI_PROJ_POST_NORM % (prefix, bid, "bias"))
+                pl = ClipLayer()
+                b.qf_proj_layers = [pl]
+                for attr, fmt in (("q", TN_QF_SELF_ATTN_Q), ("k", TN_QF_SELF_ATTN_K), ("v", TN_QF_SELF_ATTN_V),
+                                  ("o", TN_QF_SELF_ATTN_O), ("ln_1", TN_QF_SELF_ATTN_N),
+                                  ("cross_attn_q", TN_QF_CROSS_ATTN_Q), ("cross_attn_k", TN_QF_CROSS_ATTN_K),
+                                  ("cross_attn_v", TN_QF_CROSS_ATTN_V), ("cross_attn_o", TN_QF_CROSS_ATTN_O),
+                                  ("cross_attn_norm", TN_QF_CROSS_ATTN_N), ("ff_up", TN_QF_FFN_UP),
+                                  ("ff_down", TN_QF_FFN_DOWN), ("ln_2", TN_QF_FFN_NORM)):
+                    setattr(pl, f"{attr}_w", get_tensor(fmt % (prefix, bid, "weight")))
+                    setattr(pl, f"{attr}_b", get_tensor(fmt % (prefix, bid, "bias")))
         elif model.proj_type == "hunyuanvl":
             # proj.0 -> mm.0 (conv1), proj.2 -> mm.2 (conv2), mlp -> mm.model.fc (linear)
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
@@ -926,6 +1008,8 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_fc_w.ne[1]
     if p == "internvl":
         return model.mm_3_w.ne[1]
+    if p == "granite4_vision":
+        return len(model.qf_proj_blocks) * model.hparams.projection_dim
     if p in ("llama4", "hunyuanvl"):
         return model.mm_model_proj.ne[1]
     if p == "glm4v":

@@ -506,9 +506,12 @@ def arange(start: float, stop: float, step: float) -> Tensor:
     return _op(new_tensor(T.F32, steps), "ARANGE", [], (start, stop, step))
 
 
-def argsort(a: Tensor) -> Tensor:
-    """ggml_argsort (descending, as argsort_top_k asks): i32 indices of a's shape."""
-    return _op(new_tensor(T.I32, *a.ne), "ARGSORT", [a], (1,))
+SORT_ORDER_ASC, SORT_ORDER_DESC = 0, 1   # enum ggml_sort_order
+
+
+def argsort(a: Tensor, order: int = SORT_ORDER_DESC) -> Tensor:
+    """ggml_argsort (descending, as argsort_top_k asks, unless told): i32 indices of a's shape."""
+    return _op(new_tensor(T.I32, *a.ne), "ARGSORT", [a], (order,))
 
 
 def argsort_top_k(a: Tensor, k: int) -> Tensor:
@@ -532,6 +535,15 @@ def lightning_indexer(q: Tensor, k: Tensor, weights: Tensor, mask: Tensor) -> Te
 
 # enum ggml_prec (ggml.h)
 PREC_F32 = 10
+
+
+def prec_set_acc(t: Tensor, prec: int) -> None:
+    """ggml_prec_set_acc for MUL_MAT/MUL_MAT_ID: op_params[0] (ggml.c:3291-3313; FLASH_ATTN_EXT's is set
+    by flash_attn_ext)."""
+    if t.op in ("MUL_MAT", "MUL_MAT_ID"):
+        params = list(t.op_params) + [0] * (1 - len(t.op_params))
+        params[0] = prec
+        t.op_params = tuple(params)
 
 
 def prec_set_src(t: Tensor, prec: int, idx: int) -> None:

@@ -68,6 +68,7 @@ KEY_ATTN_WINDOW_SIZE = "clip.vision.window_size"
 KEY_PROJ_SAMPLE_QUERY_SIDE = "clip.vision.projector.query_side"
 KEY_PROJ_SAMPLE_WINDOW_SIDE = "clip.vision.projector.window_side"
 KEY_PROJ_SPATIAL_OFFSETS = "clip.vision.projector.spatial_offsets"
+KEY_WA_PATTERN_MODE = "clip.vision.wa_pattern_mode"
 KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
 KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
@@ -174,6 +175,7 @@ GRAPH_BUILDERS = {
     "hunyuanvl": "hunyuanvl",
     "youtuvl": "youtuvl",
     "granite4_vision": "granite4_vision",
+    "mimovl": "mimovl",
     "kimivl": "kimivl",
     "llama4": "llama4",
     "internvl": "internvl",
@@ -225,6 +227,7 @@ class ClipHparams:
     swiglu_clamp: float = 0.0
     n_wa_pattern: int = 0
     wa_layer_indexes: set[int] = field(default_factory=set)
+    wa_pattern_mode: list[int] = field(default_factory=list)
     attn_window_size: int = 0
     proj_spatial_offsets: list[int] = field(default_factory=list)
     downsample_query_side: int = 0
@@ -673,6 +676,19 @@ class ClipModelLoader:
             hp.wa_layer_indexes = set(self.get_arr(KEY_WIN_ATTN_LAYER_INDEXES, INT32, True))
             hp.set_limit_image_tokens(1, 62500)
             hp.set_warmup_n_tokens(16 * 16)   # avoid OOM on warmup
+        elif proj_type == "mimovl":
+            hp.n_merge = 2            # spatial_merge_size
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.n_head_kv = self.get_u32(KEY_N_HEAD_KV % "vision")
+            hp.attn_window_size = self.get_u32(KEY_ATTN_WINDOW_SIZE)   # the banded window's radius
+            hp.wa_pattern_mode = self.get_arr(KEY_WA_PATTERN_MODE, INT32, True)
+            if len(hp.wa_pattern_mode) != hp.n_layer:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT: mimovl wa_pattern_mode length must equal n_layer): "
+                                f"{len(hp.wa_pattern_mode)} != {hp.n_layer}")
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(46 * 46)   # avoid OOM on warmup
         elif proj_type == "granite4_vision":
             # feature_layers: read above as optional
             hp.proj_spatial_offsets = self.get_arr(KEY_PROJ_SPATIAL_OFFSETS, INT32, True)
@@ -924,6 +940,11 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))  # merger.mlp.2
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "mimovl":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"), False)
         elif model.proj_type == "granite4_vision":
             model.image_newline = get_tensor(TN_IMAGE_NEWLINE)   # at the top level
             # the layerwise and spatial projectors, each one QFormer layer
@@ -1008,6 +1029,8 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_fc_w.ne[1]
     if p == "internvl":
         return model.mm_3_w.ne[1]
+    if p == "mimovl":
+        return model.mm_1_w.ne[1]
     if p == "granite4_vision":
         return len(model.qf_proj_blocks) * model.hparams.projection_dim
     if p in ("llama4", "hunyuanvl"):

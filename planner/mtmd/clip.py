@@ -176,6 +176,7 @@ GRAPH_BUILDERS = {
     "youtuvl": "youtuvl",
     "granite4_vision": "granite4_vision",
     "mimovl": "mimovl",
+    "dots_ocr": "dotsocr",
     "kimivl": "kimivl",
     "llama4": "llama4",
     "internvl": "internvl",
@@ -676,6 +677,12 @@ class ClipModelLoader:
             hp.wa_layer_indexes = set(self.get_arr(KEY_WIN_ATTN_LAYER_INDEXES, INT32, True))
             hp.set_limit_image_tokens(1, 62500)
             hp.set_warmup_n_tokens(16 * 16)   # avoid OOM on warmup
+        elif proj_type == "dots_ocr":
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(46 * 46)   # avoid OOM on warmup
         elif proj_type == "mimovl":
             hp.n_merge = 2            # spatial_merge_size
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
@@ -940,6 +947,15 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))  # merger.mlp.2
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "dots_ocr":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)
+            model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B)
+            # post_trunk_norm: after all ViT blocks, before the merger
+            model.post_ln_w = get_tensor(TN_MM_POST_NORM % "weight")
         elif model.proj_type == "mimovl":
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
@@ -1023,7 +1039,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_2_w.ne[1]
     if p == "qwen2a":
         return model.mm_fc_w.ne[1]
-    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr"):
+    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr"):
         return model.mm_2_w.ne[1]
     if p == "idefics3":
         return model.mm_fc_w.ne[1]

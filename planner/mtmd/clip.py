@@ -69,6 +69,7 @@ KEY_PROJ_SAMPLE_QUERY_SIDE = "clip.vision.projector.query_side"
 KEY_PROJ_SAMPLE_WINDOW_SIDE = "clip.vision.projector.window_side"
 KEY_PROJ_SPATIAL_OFFSETS = "clip.vision.projector.spatial_offsets"
 KEY_WA_PATTERN_MODE = "clip.vision.wa_pattern_mode"
+KEY_SWIGLU_CLAMP = "clip.vision.swiglu_clamp"
 KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
 KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
@@ -180,7 +181,7 @@ GRAPH_BUILDERS = {
     "kimivl": "kimivl",
     "llama4": "llama4",
     "internvl": "internvl",
-    "glm4v": "glm4v",
+    "glm4v": "glm4v", "glm5v": "glm4v",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
@@ -716,6 +717,16 @@ class ClipModelLoader:
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             hp.set_limit_image_tokens(8, 4096)
             hp.set_warmup_n_tokens(46 * 46)
+        elif proj_type == "glm5v":
+            # glm4v's tower with a clamped SwiGLU and its own token budget
+            hp.rope_theta = 10000.0
+            hp.n_merge = 2
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.swiglu_clamp = self.get_f32(KEY_SWIGLU_CLAMP)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_limit_image_tokens_custom()
+            hp.set_warmup_n_tokens(46 * 46)
         elif proj_type == "gemma4v":
             hp.rope_theta = 100.0
             hp.n_merge = 3            # pooling_kernel_size
@@ -882,7 +893,7 @@ class ClipModelLoader:
             mm_1_2(False)
             model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM, False)
             model.mm_patch_merger_w = get_tensor(TN_MM_PATCH_MERGER % "weight", False)
-        elif model.proj_type == "glm4v":
+        elif model.proj_type in ("glm4v", "glm5v"):
             model.mm_fc_w = get_tensor(TN_MM_PROJECTOR % "weight")
             model.mm_ffn_up_w = get_tensor(TN_MM_UP % "weight")
             model.mm_ffn_up_b = get_tensor(TN_MM_UP % "bias", False)
@@ -1051,7 +1062,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return len(model.qf_proj_blocks) * model.hparams.projection_dim
     if p in ("llama4", "hunyuanvl"):
         return model.mm_model_proj.ne[1]
-    if p == "glm4v":
+    if p in ("glm4v", "glm5v"):
         return model.mm_ffn_down_w.ne[1]
     raise AssertionError(f"clip_n_mmproj_embd: {p} is in GRAPH_BUILDERS but not here")
 

@@ -70,6 +70,9 @@ KEY_PROJ_SAMPLE_WINDOW_SIDE = "clip.vision.projector.window_side"
 KEY_PROJ_SPATIAL_OFFSETS = "clip.vision.projector.spatial_offsets"
 KEY_WA_PATTERN_MODE = "clip.vision.wa_pattern_mode"
 KEY_SWIGLU_CLAMP = "clip.vision.swiglu_clamp"
+KEY_SAM_N_HEAD = "clip.vision.sam.head_count"
+KEY_SAM_N_BLOCK = "clip.vision.sam.block_count"
+KEY_SAM_N_EMBD = "clip.vision.sam.embedding_length"
 KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
 KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
@@ -148,6 +151,19 @@ TN_QF_CROSS_ATTN_N = "%s.proj_blk.%d.cross_attn_norm.%s"
 TN_QF_FFN_UP = "%s.proj_blk.%d.ffn_up.%s"
 TN_QF_FFN_DOWN = "%s.proj_blk.%d.ffn_down.%s"
 TN_QF_FFN_NORM = "%s.proj_blk.%d.ffn_norm.%s"
+TN_SAM_POS_EMBD = "v.sam.pos_embd.%s"
+TN_SAM_PATCH_EMBD = "v.sam.patch_embd.%s"
+TN_SAM_PRE_NORM = "v.sam.blk.%d.pre_ln.%s"
+TN_SAM_POST_NORM = "v.sam.blk.%d.post_ln.%s"
+TN_SAM_ATTN_POS_H = "v.sam.blk.%d.attn.pos_h.%s"
+TN_SAM_ATTN_POS_W = "v.sam.blk.%d.attn.pos_w.%s"
+TN_SAM_ATTN_QKV = "v.sam.blk.%d.attn.qkv.%s"
+TN_SAM_ATTN_OUT = "v.sam.blk.%d.attn.out.%s"
+TN_SAM_FFN_UP = "v.sam.blk.%d.mlp.lin1.%s"
+TN_SAM_FFN_DOWN = "v.sam.blk.%d.mlp.lin2.%s"
+TN_SAM_NECK = "v.sam.neck.%d.%s"
+TN_SAM_NET = "v.sam.net_%d.%s"
+TN_RESMPL_QUERY = "v.resample_query_%d.%s"
 TN_MULTI_PROJ_IMG_POS = "v.proj_blk.%d.img_pos"
 TN_MULTI_PROJ_QUERY = "%s.proj_blk.%d.query"
 TN_MULTI_PROJ_LINEAR = "%s.proj_blk.%d.linear.%s"
@@ -182,6 +198,7 @@ GRAPH_BUILDERS = {
     "llama4": "llama4",
     "internvl": "internvl",
     "glm4v": "glm4v", "glm5v": "glm4v",
+    "deepseekocr": "deepseekocr",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
@@ -234,6 +251,9 @@ class ClipHparams:
     proj_spatial_offsets: list[int] = field(default_factory=list)
     downsample_query_side: int = 0
     downsample_window_side: int = 0
+    sam_n_layer: int = 0
+    sam_n_head: int = 0
+    sam_n_embd: int = 0
     image_longest_edge: int = 0
     preproc_min_tiles: int = 0
     preproc_max_tiles: int = 0
@@ -318,6 +338,8 @@ class ClipLayer:
     deepstack_fc1_b: Optional[Tensor] = None
     deepstack_fc2_w: Optional[Tensor] = None
     deepstack_fc2_b: Optional[Tensor] = None
+    rel_pos_h: Optional[Tensor] = None            # a SAM layer's relative positions
+    rel_pos_w: Optional[Tensor] = None
     cross_attn_q_w: Optional[Tensor] = None       # a QFormer layer's cross-attention (qf_block)
     cross_attn_q_b: Optional[Tensor] = None
     cross_attn_k_w: Optional[Tensor] = None
@@ -418,6 +440,20 @@ class ClipModel:
     image_newline: Optional[Tensor] = None
     view_seperator: Optional[Tensor] = None
     qf_proj_blocks: list[QfBlock] = field(default_factory=list)
+    pos_embed: Optional[Tensor] = None              # DeepSeek-OCR's SAM encoder
+    patch_embed_proj_w: Optional[Tensor] = None
+    patch_embed_proj_b: Optional[Tensor] = None
+    sam_layers: list[ClipLayer] = field(default_factory=list)
+    neck_0_w: Optional[Tensor] = None
+    neck_1_w: Optional[Tensor] = None
+    neck_1_b: Optional[Tensor] = None
+    neck_2_w: Optional[Tensor] = None
+    neck_3_w: Optional[Tensor] = None
+    neck_3_b: Optional[Tensor] = None
+    net_2: Optional[Tensor] = None
+    net_3: Optional[Tensor] = None
+    resample_query_768: Optional[Tensor] = None
+    resample_query_1024: Optional[Tensor] = None
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -717,6 +753,28 @@ class ClipModelLoader:
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             hp.set_limit_image_tokens(8, 4096)
             hp.set_warmup_n_tokens(46 * 46)
+        elif proj_type in ("deepseekocr", "deepseekocr2"):
+            hp.patch_size = 16
+            hp.image_size = 1024
+            hp.warmup_image_size = 1024
+            hp.sam_n_layer = self.get_u32(KEY_SAM_N_BLOCK)
+            hp.sam_n_head = self.get_u32(KEY_SAM_N_HEAD)
+            hp.sam_n_embd = self.get_u32(KEY_SAM_N_EMBD)
+            hp.attn_window_size = self.get_u32(KEY_ATTN_WINDOW_SIZE)
+            hp.preproc_min_tiles = 2
+            if proj_type == "deepseekocr":
+                hp.preproc_max_tiles = 9
+                hp.eps = 1e-5         # the CLIP/ViT body's layernorms (the SAM stage uses 1e-6)
+            else:
+                hp.preproc_max_tiles = 6
+                hp.n_head_kv = self.get_u32(KEY_N_HEAD_KV % "vision")   # the qwen2 encoder is GQA
+            # unlimited-ocr shares the v1 projector but tiles up to 32
+            hp.preproc_min_tiles = self.get_u32(KEY_PREPROC_MIN_TILES, hp.preproc_min_tiles)
+            hp.preproc_max_tiles = self.get_u32(KEY_PREPROC_MAX_TILES, hp.preproc_max_tiles)
+            if not 0 <= hp.preproc_min_tiles <= hp.preproc_max_tiles <= 256:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(preproc_min_tiles >= 0 && preproc_min_tiles <= preproc_max_tiles && "
+                                f"preproc_max_tiles <= 256)): {hp.preproc_min_tiles}, {hp.preproc_max_tiles}")
         elif proj_type == "glm5v":
             # glm4v's tower with a clamped SwiGLU and its own token budget
             hp.rope_theta = 10000.0
@@ -972,6 +1030,42 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"), False)
+        elif model.proj_type in ("deepseekocr", "deepseekocr2"):
+            model.pos_embed = get_tensor(TN_SAM_POS_EMBD % "weight")
+            model.patch_embed_proj_w = get_tensor(TN_SAM_PATCH_EMBD % "weight")
+            model.patch_embed_proj_b = get_tensor(TN_SAM_PATCH_EMBD % "bias")
+            if hp.sam_n_layer > len(self.header.tensors):
+                self.fail(f"load_tensors: unable to find tensor {TN_SAM_ATTN_QKV % (len(self.header.tensors), 'weight')}")
+            model.sam_layers = [ClipLayer() for _ in range(hp.sam_n_layer)]
+            for il, layer in enumerate(model.sam_layers):
+                layer.qkv_w = get_tensor(TN_SAM_ATTN_QKV % (il, "weight"))
+                layer.qkv_b = get_tensor(TN_SAM_ATTN_QKV % (il, "bias"))
+                layer.o_w = get_tensor(TN_SAM_ATTN_OUT % (il, "weight"))
+                layer.o_b = get_tensor(TN_SAM_ATTN_OUT % (il, "bias"))
+                layer.ln_1_w = get_tensor(TN_SAM_PRE_NORM % (il, "weight"))
+                layer.ln_1_b = get_tensor(TN_SAM_PRE_NORM % (il, "bias"))
+                layer.ln_2_w = get_tensor(TN_SAM_POST_NORM % (il, "weight"))
+                layer.ln_2_b = get_tensor(TN_SAM_POST_NORM % (il, "bias"))
+                layer.rel_pos_h = get_tensor(TN_SAM_ATTN_POS_H % (il, "weight"))
+                layer.rel_pos_w = get_tensor(TN_SAM_ATTN_POS_W % (il, "weight"))
+                layer.ff_up_w = get_tensor(TN_SAM_FFN_UP % (il, "weight"))
+                layer.ff_up_b = get_tensor(TN_SAM_FFN_UP % (il, "bias"))
+                layer.ff_down_w = get_tensor(TN_SAM_FFN_DOWN % (il, "weight"))
+                layer.ff_down_b = get_tensor(TN_SAM_FFN_DOWN % (il, "bias"))
+            model.neck_0_w = get_tensor(TN_SAM_NECK % (0, "weight"))
+            model.neck_1_b = get_tensor(TN_SAM_NECK % (1, "bias"))
+            model.neck_1_w = get_tensor(TN_SAM_NECK % (1, "weight"))
+            model.neck_2_w = get_tensor(TN_SAM_NECK % (2, "weight"))
+            model.neck_3_b = get_tensor(TN_SAM_NECK % (3, "bias"))
+            model.neck_3_w = get_tensor(TN_SAM_NECK % (3, "weight"))
+            model.net_2 = get_tensor(TN_SAM_NET % (2, "weight"))
+            model.net_3 = get_tensor(TN_SAM_NET % (3, "weight"))
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE, False)
+            model.view_seperator = get_tensor(TN_IMAGE_SEPERATOR)
+            model.mm_fc_w = get_tensor(TN_MM_PROJECTOR % "weight")
+            model.mm_fc_b = get_tensor(TN_MM_PROJECTOR % "bias")
+            model.resample_query_768 = get_tensor(TN_RESMPL_QUERY % (768, "weight"), False)
+            model.resample_query_1024 = get_tensor(TN_RESMPL_QUERY % (1024, "weight"), False)
         elif model.proj_type == "granite4_vision":
             model.image_newline = get_tensor(TN_IMAGE_NEWLINE)   # at the top level
             # the layerwise and spatial projectors, each one QFormer layer
@@ -1052,7 +1146,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_fc_w.ne[1]
     if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr"):
         return model.mm_2_w.ne[1]
-    if p == "idefics3":
+    if p in ("idefics3", "deepseekocr", "deepseekocr2"):
         return model.mm_fc_w.ne[1]
     if p == "internvl":
         return model.mm_3_w.ne[1]

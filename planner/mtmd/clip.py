@@ -198,7 +198,7 @@ GRAPH_BUILDERS = {
     "llama4": "llama4",
     "internvl": "internvl",
     "glm4v": "glm4v", "glm5v": "glm4v",
-    "deepseekocr": "deepseekocr",
+    "deepseekocr": "deepseekocr", "deepseekocr2": "deepseekocr2",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",

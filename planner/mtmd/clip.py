@@ -199,6 +199,7 @@ GRAPH_BUILDERS = {
     "internvl": "internvl",
     "glm4v": "glm4v", "glm5v": "glm4v",
     "deepseekocr": "deepseekocr", "deepseekocr2": "deepseekocr2",
+    "exaone4_5": "exaone4_5",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
@@ -775,6 +776,16 @@ class ClipModelLoader:
                 raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
                                 f"GGML_ASSERT(preproc_min_tiles >= 0 && preproc_min_tiles <= preproc_max_tiles && "
                                 f"preproc_max_tiles <= 256)): {hp.preproc_min_tiles}, {hp.preproc_max_tiles}")
+        elif proj_type == "exaone4_5":
+            hp.n_merge = 2
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.n_wa_pattern = self.get_u32(KEY_WIN_ATTN_PATTERN, hp.n_wa_pattern)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(46 * 46)
+            if hp.rope_theta <= 0.0:
+                hp.rope_theta = 10000.0
+            hp.n_head_kv = self.get_u32(KEY_N_HEAD_KV % "vision")
         elif proj_type == "glm5v":
             # glm4v's tower with a clamped SwiGLU and its own token budget
             hp.rope_theta = 10000.0
@@ -925,6 +936,11 @@ class ClipModelLoader:
                 layer.ff_up_b, layer.ff_down_b = layer.ff_down_b, layer.ff_up_b
 
         if model.proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "exaone4_5":
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
@@ -1132,7 +1148,7 @@ SWAPPED_FFN_TYPES = frozenset({"mlp", "mlp_norm", "ldp", "ldpv2", "qwen2vl_merge
 def clip_n_mmproj_embd(model: ClipModel) -> int:
     """clip_n_mmproj_embd: the text model's embedding size the projector's output must match."""
     p = model.proj_type
-    if p in ("qwen2vl_merger", "qwen2.5vl_merger", "youtuvl"):
+    if p in ("qwen2vl_merger", "qwen2.5vl_merger", "youtuvl", "exaone4_5"):
         return model.mm_1_b.ne[0]
     if p == "qwen3vl_merger":
         return model.mm_1_b.ne[0] * (1 + model.n_deepstack_layers)   # main path + deepstack paths

@@ -200,6 +200,7 @@ GRAPH_BUILDERS = {
     "glm4v": "glm4v", "glm5v": "glm4v",
     "deepseekocr": "deepseekocr", "deepseekocr2": "deepseekocr2",
     "exaone4_5": "exaone4_5",
+    "kimik25": "kimik25",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
@@ -786,6 +787,16 @@ class ClipModelLoader:
             if hp.rope_theta <= 0.0:
                 hp.rope_theta = 10000.0
             hp.n_head_kv = self.get_u32(KEY_N_HEAD_KV % "vision")
+        elif proj_type == "kimik25":
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
+            min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS, 0)
+            max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS, 0)
+            if min_pixels > 0 and max_pixels > 0:
+                hp.image_min_pixels, hp.image_max_pixels = min_pixels, max_pixels
+                hp.warmup_image_size = int(math.sqrt(max_pixels))
+            else:
+                hp.set_limit_image_tokens(2, 4096)
         elif proj_type == "glm5v":
             # glm4v's tower with a clamped SwiGLU and its own token budget
             hp.rope_theta = 10000.0
@@ -954,7 +965,7 @@ class ClipModelLoader:
             model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM, False)
             model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B, False)
             mm_1_2(True)
-        elif model.proj_type in ("kimivl", "paddleocr"):
+        elif model.proj_type in ("kimivl", "paddleocr", "kimik25"):
             model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)
             model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B)
             mm_1_2(True)
@@ -1160,7 +1171,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_2_w.ne[1]
     if p == "qwen2a":
         return model.mm_fc_w.ne[1]
-    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr"):
+    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr", "kimik25"):
         return model.mm_2_w.ne[1]
     if p in ("idefics3", "deepseekocr", "deepseekocr2"):
         return model.mm_fc_w.ne[1]

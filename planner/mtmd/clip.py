@@ -138,6 +138,8 @@ TN_IMAGE_SEPERATOR = "v.view_seperator"
 TN_MM_PRE_NORM = "mm.pre_norm.%s"
 TN_MM_IMG_BEGIN = "mm.image_begin"
 TN_MM_IMG_END = "mm.image_end"
+TN_MM_MERGER_FC1 = "mm.merger.fc1.%s"
+TN_MM_MERGER_FC2 = "mm.merger.fc2.%s"
 TN_QF_SELF_ATTN_Q = "%s.proj_blk.%d.self_attn_q.%s"
 TN_QF_SELF_ATTN_K = "%s.proj_blk.%d.self_attn_k.%s"
 TN_QF_SELF_ATTN_V = "%s.proj_blk.%d.self_attn_v.%s"
@@ -201,6 +203,7 @@ GRAPH_BUILDERS = {
     "deepseekocr": "deepseekocr", "deepseekocr2": "deepseekocr2",
     "exaone4_5": "exaone4_5",
     "kimik25": "kimik25",
+    "minimax_m3": "minimax_m3",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
@@ -442,6 +445,10 @@ class ClipModel:
     image_newline: Optional[Tensor] = None
     view_seperator: Optional[Tensor] = None
     qf_proj_blocks: list[QfBlock] = field(default_factory=list)
+    mm_merger_fc1_w: Optional[Tensor] = None        # MiniMax-M3's 2x2 merge MLP
+    mm_merger_fc1_b: Optional[Tensor] = None
+    mm_merger_fc2_w: Optional[Tensor] = None
+    mm_merger_fc2_b: Optional[Tensor] = None
     pos_embed: Optional[Tensor] = None              # DeepSeek-OCR's SAM encoder
     patch_embed_proj_w: Optional[Tensor] = None
     patch_embed_proj_b: Optional[Tensor] = None
@@ -797,6 +804,15 @@ class ClipModelLoader:
                 hp.warmup_image_size = int(math.sqrt(max_pixels))
             else:
                 hp.set_limit_image_tokens(2, 4096)
+        elif proj_type == "minimax_m3":
+            hp.n_merge = 2            # spatial_merge_size
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            if hp.n_merge <= 0:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(hparams.n_merge > 0))")
+            hp.rope_theta = 10000.0
+            hp.set_limit_image_tokens(8, 576)   # max_pixels 672^2: 576 merged tokens
+            hp.set_warmup_n_tokens(16 * 16)
         elif proj_type == "glm5v":
             # glm4v's tower with a clamped SwiGLU and its own token budget
             hp.rope_theta = 10000.0
@@ -951,6 +967,16 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "minimax_m3":
+            # the per-patch MLP mm.1 -> gelu -> mm.2, then the 2x2 merge MLP
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"))
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+            model.mm_merger_fc1_w = get_tensor(TN_MM_MERGER_FC1 % "weight")
+            model.mm_merger_fc1_b = get_tensor(TN_MM_MERGER_FC1 % "bias")
+            model.mm_merger_fc2_w = get_tensor(TN_MM_MERGER_FC2 % "weight")
+            model.mm_merger_fc2_b = get_tensor(TN_MM_MERGER_FC2 % "bias")
         elif model.proj_type == "exaone4_5":
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
@@ -1177,6 +1203,8 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_fc_w.ne[1]
     if p == "internvl":
         return model.mm_3_w.ne[1]
+    if p == "minimax_m3":
+        return model.mm_merger_fc2_b.ne[0]
     if p == "mimovl":
         return model.mm_1_w.ne[1]
     if p == "granite4_vision":

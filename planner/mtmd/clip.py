@@ -138,6 +138,9 @@ TN_IMAGE_SEPERATOR = "v.view_seperator"
 TN_MM_PRE_NORM = "mm.pre_norm.%s"
 TN_MM_IMG_BEGIN = "mm.image_begin"
 TN_MM_IMG_END = "mm.image_end"
+TN_TOK_IMG_START = "v.token_embd.img_start"
+TN_TOK_IMG_END = "v.token_embd.img_end"
+TN_TOK_IMG_PAD = "v.token_embd.img_pad"
 TN_MM_MERGER_FC1 = "mm.merger.fc1.%s"
 TN_MM_MERGER_FC2 = "mm.merger.fc2.%s"
 TN_QF_SELF_ATTN_Q = "%s.proj_blk.%d.self_attn_q.%s"
@@ -204,6 +207,7 @@ GRAPH_BUILDERS = {
     "exaone4_5": "exaone4_5",
     "kimik25": "kimik25",
     "minimax_m3": "minimax_m3",
+    "deepseek4v": "deepseek4v",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
@@ -445,6 +449,9 @@ class ClipModel:
     image_newline: Optional[Tensor] = None
     view_seperator: Optional[Tensor] = None
     qf_proj_blocks: list[QfBlock] = field(default_factory=list)
+    token_embd_img_start: Optional[Tensor] = None   # DeepSeek-V4's sentinel rows
+    token_embd_img_end: Optional[Tensor] = None
+    token_embd_img_pad: Optional[Tensor] = None
     mm_merger_fc1_w: Optional[Tensor] = None        # MiniMax-M3's 2x2 merge MLP
     mm_merger_fc1_b: Optional[Tensor] = None
     mm_merger_fc2_w: Optional[Tensor] = None
@@ -813,6 +820,21 @@ class ClipModelLoader:
             hp.rope_theta = 10000.0
             hp.set_limit_image_tokens(8, 576)   # max_pixels 672^2: 576 merged tokens
             hp.set_warmup_n_tokens(16 * 16)
+        elif proj_type == "deepseek4v":
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            dsv4_max_n_token = 384
+            patch_area = _i32(hp.patch_size * hp.patch_size * hp.n_merge * hp.n_merge)
+            # --image-min/max-tokens: the max caps the whole token block (room kept for the resize solver)
+            if hp.custom_image_min_tokens > 0:
+                hp.image_min_pixels = _i32(hp.custom_image_min_tokens * patch_area)
+            if hp.custom_image_max_tokens > 0:
+                dsv4_max_n_token = max(hp.custom_image_max_tokens, 16)
+            hp.image_max_pixels = _i32(dsv4_max_n_token * patch_area)
+            hp.image_min_pixels = min(hp.image_min_pixels, hp.image_max_pixels)
+            warmup_side = int(math.sqrt(min(256, dsv4_max_n_token)))   # avoid OOM on warmup
+            hp.set_warmup_n_tokens(warmup_side * warmup_side)
         elif proj_type == "glm5v":
             # glm4v's tower with a clamped SwiGLU and its own token budget
             hp.rope_theta = 10000.0
@@ -967,6 +989,13 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "deepseek4v":
+            mm_1_2(True)
+            # the sentinel embeddings written into the output block
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE)
+            model.token_embd_img_start = get_tensor(TN_TOK_IMG_START)
+            model.token_embd_img_end = get_tensor(TN_TOK_IMG_END)
+            model.token_embd_img_pad = get_tensor(TN_TOK_IMG_PAD)
         elif model.proj_type == "minimax_m3":
             # the per-patch MLP mm.1 -> gelu -> mm.2, then the 2x2 merge MLP
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
@@ -1197,7 +1226,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_2_w.ne[1]
     if p == "qwen2a":
         return model.mm_fc_w.ne[1]
-    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr", "kimik25"):
+    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr", "kimik25", "deepseek4v"):
         return model.mm_2_w.ne[1]
     if p in ("idefics3", "deepseekocr", "deepseekocr2"):
         return model.mm_fc_w.ne[1]

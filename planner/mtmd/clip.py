@@ -70,6 +70,7 @@ KEY_PROJ_SAMPLE_WINDOW_SIDE = "clip.vision.projector.window_side"
 KEY_PROJ_SPATIAL_OFFSETS = "clip.vision.projector.spatial_offsets"
 KEY_WA_PATTERN_MODE = "clip.vision.wa_pattern_mode"
 KEY_SWIGLU_CLAMP = "clip.vision.swiglu_clamp"
+KEY_VISION_N_EXPERT_USED = "clip.vision.expert_used_count"
 KEY_SAM_N_HEAD = "clip.vision.sam.head_count"
 KEY_SAM_N_BLOCK = "clip.vision.sam.block_count"
 KEY_SAM_N_EMBD = "clip.vision.sam.embedding_length"
@@ -198,7 +199,7 @@ GRAPH_BUILDERS = {
     "youtuvl": "youtuvl",
     "granite4_vision": "granite4_vision",
     "mimovl": "mimovl",
-    "dots_ocr": "dotsocr",
+    "dots_ocr": "dotsocr", "dots3note_v": "dotsocr",
     "kimivl": "kimivl",
     "llama4": "llama4",
     "internvl": "internvl",
@@ -260,6 +261,7 @@ class ClipHparams:
     proj_spatial_offsets: list[int] = field(default_factory=list)
     downsample_query_side: int = 0
     downsample_window_side: int = 0
+    n_expert_used: int = 0
     sam_n_layer: int = 0
     sam_n_head: int = 0
     sam_n_embd: int = 0
@@ -736,6 +738,13 @@ class ClipModelLoader:
             hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
             hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
             hp.set_warmup_n_tokens(46 * 46)   # avoid OOM on warmup
+        elif proj_type == "dots3note_v":
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.n_expert_used = self.get_u32(KEY_VISION_N_EXPERT_USED)
+            hp.set_warmup_n_tokens(46 * 46)   # avoid OOM on warmup
         elif proj_type == "mimovl":
             hp.n_merge = 2            # spatial_merge_size
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
@@ -1098,7 +1107,7 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))  # merger.mlp.2
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
-        elif model.proj_type == "dots_ocr":
+        elif model.proj_type in ("dots_ocr", "dots3note_v"):
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
@@ -1226,7 +1235,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_2_w.ne[1]
     if p == "qwen2a":
         return model.mm_fc_w.ne[1]
-    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr", "kimik25", "deepseek4v"):
+    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr", "dots3note_v", "kimik25", "deepseek4v"):
         return model.mm_2_w.ne[1]
     if p in ("idefics3", "deepseekocr", "deepseekocr2"):
         return model.mm_fc_w.ne[1]
@@ -1452,9 +1461,10 @@ class ClipGraph:
             cur = self.build_norm(cur, layer.ln_2_w, layer.ln_2_b, norm_t, eps, il)
             self.cb(cur, "ffn_inp_normed", il)
             if layer.ff_gate_exps_w is not None:
-                raise NotImplementedError("the vision MoE FFN (dots3note) is not planned")
-            cur = self.build_ffn(cur, layer.ff_up_w, layer.ff_up_b, layer.ff_gate_w, layer.ff_gate_b,
-                                 layer.ff_down_w, layer.ff_down_b, ffn_t, il)
+                cur = self.build_moe_ffn(cur, layer, ffn_t, il)
+            else:
+                cur = self.build_ffn(cur, layer.ff_up_w, layer.ff_up_b, layer.ff_gate_w, layer.ff_gate_b,
+                                     layer.ff_down_w, layer.ff_down_b, ffn_t, il)
             self.cb(cur, "ffn_out", il)
             if layer.ff_post_norm_w is not None:
                 cur = self.build_norm(cur, layer.ff_post_norm_w, None, norm_t, eps, il)
@@ -1549,6 +1559,38 @@ class ClipGraph:
             self.cb(cur, "ffn_down", il)
             cur = ggml.add(cur, down_b)
         return cur
+
+    def build_moe_ffn(self, cur: Tensor, layer: ClipLayer, type_op: int, il: int) -> Tensor:
+        """clip_graph::build_moe_ffn (dots3note's vision pyramid blocks): a sigmoid router in F32, the
+        top n_expert_used (exp_probs_b only moves the choice), their weights normalized, SwiGLU experts."""
+        n_tokens = cur.ne[1]
+        n_expert = layer.ff_gate_exps_w.ne[2]
+        n_expert_used = min(self.hparams.n_expert_used, n_expert)
+        if n_expert_used <= 0:
+            raise self.abort("clip.cpp build_moe_ffn GGML_ASSERT(n_expert_used > 0)")
+        if type_op != FFN_SILU:
+            raise self.abort("clip.cpp build_moe_ffn GGML_ASSERT(type_op == FFN_SILU)")
+        probs = ggml.unary(self.build_mm(self._weight(layer.ff_gate_inp_w, "ffn_gate_inp"), cur), "SIGMOID")
+        sel = ggml.add(probs, layer.ff_exp_probs_b) if layer.ff_exp_probs_b is not None else probs
+        selected = ggml.top_k(sel, n_expert_used)
+        weights = ggml.get_rows(ggml.reshape(probs, 1, n_expert, n_tokens), selected)
+        weights = ggml.reshape(weights, n_expert_used, n_tokens)
+        weights = ggml.div(weights, ggml.sum_rows(weights))
+        weights = ggml.reshape(weights, 1, n_expert_used, n_tokens)
+        cur = ggml.reshape(cur, cur.ne[0], 1, n_tokens)
+        gate = ggml.mul_mat_id(layer.ff_gate_exps_w, cur, selected)
+        up = ggml.mul_mat_id(self._weight(layer.ff_up_exps_w, "ffn_up_exps"), cur, selected)
+        cur = ggml.mul(ggml.unary(gate, "SILU"), up)
+        cur = ggml.mul_mat_id(self._weight(layer.ff_down_exps_w, "ffn_down_exps"), cur, selected)
+        cur = ggml.mul(cur, weights)
+        out = None
+        for i in range(n_expert_used):      # the sum over the selected experts
+            v = ggml.view(cur, (cur.ne[0], n_tokens), (cur.nb[2],), i * cur.nb[1])
+            out = ggml.add(out, v) if out is not None else v
+        if n_expert_used == 1:
+            out = ggml.cont(out)
+        self.cb(out, "ffn_moe_out", il)
+        return out
 
     def build_attn(self, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor, k_cur: Tensor, v_cur: Tensor,
                    kq_mask: Optional[Tensor], kq_scale: float, il: int, sinks: Optional[Tensor] = None) -> Tensor:

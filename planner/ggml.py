@@ -725,6 +725,18 @@ def pool_1d(a: Tensor, op: int, k0: int, s0: int, p0: int) -> Tensor:
     return _op(new_tensor(T.F32, ne0, a.ne[1], a.ne[2], a.ne[3]), "POOL_1D", [a], (op, k0, s0, p0))
 
 
+def conv_2d_dw(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """ggml_conv_2d_dw (ggml.c:4891): the depthwise convolution as one im2col per channel and a
+    batched matrix product: [OW, OH, C, N]."""
+    new_a = reshape(a, a.ne[0], a.ne[1], 1, a.ne[2] * a.ne[3])
+    col = im2col(new_a, reshape(b, b.ne[0], b.ne[1], 1, b.ne[2] * b.ne[3]), s0, s1, p0, p1, d0, d1, True,
+                 T.F32 if a.type == T.BF16 else T.F16)
+    new_b = reshape(col, col.ne[0], col.ne[2] * col.ne[1], b.ne[2], b.ne[3])
+    new_a = reshape(new_a, new_a.ne[0] * new_a.ne[1], new_a.ne[2], new_a.ne[3], 1)
+    result = mul_mat(new_a, new_b)
+    return reshape(result, col.ne[1], col.ne[2], b.ne[2], b.ne[3])
+
+
 def pool_2d(a: Tensor, op: int, k0: int, k1: int, s0: int, s1: int, p0: float, p1: float) -> Tensor:
     """ggml_pool_2d: f32 [OW, OH, C, N] (ggml_calc_pool_output_size in float, truncated)."""
     ne0, ne1 = int((a.ne[0] + 2 * p0 - k0) / s0 + 1), int((a.ne[1] + 2 * p1 - k1) / s1 + 1)

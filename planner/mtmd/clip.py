@@ -142,6 +142,14 @@ TN_MM_IMG_END = "mm.image_end"
 TN_TOK_IMG_START = "v.token_embd.img_start"
 TN_TOK_IMG_END = "v.token_embd.img_end"
 TN_TOK_IMG_PAD = "v.token_embd.img_pad"
+TN_YASA_PATCH_LN_W = "v.patch_ln.weight"
+TN_YASA_PATCH_LN_B = "v.patch_ln.bias"
+TN_YASA_BACKBONE_LN_W = "v.backbone_ln.weight"
+TN_YASA_BACKBONE_LN_B = "v.backbone_ln.bias"
+TN_YASA_POS_EMBD = "v.vision_pos_embed"
+TN_YASA_STAGE_DOWN_LN = "v.stage.%d.down.ln.%s"
+TN_YASA_STAGE_DOWN_CONV = "v.stage.%d.down.conv.%s"
+TN_YASA_STAGE_BLK = "v.stage.%d.blk.%d.%s.%s"
 TN_MM_MERGER_FC1 = "mm.merger.fc1.%s"
 TN_MM_MERGER_FC2 = "mm.merger.fc2.%s"
 TN_QF_SELF_ATTN_Q = "%s.proj_blk.%d.self_attn_q.%s"
@@ -209,6 +217,7 @@ GRAPH_BUILDERS = {
     "kimik25": "kimik25",
     "minimax_m3": "minimax_m3",
     "deepseek4v": "deepseek4v",
+    "yasa2": "yasa2",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
@@ -381,6 +390,31 @@ class QfBlock:
 
 
 @dataclass
+class Yasa2Block:
+    """yasa2_block (clip-model.h): a ConvNeXt-V2 block"""
+    dw_w: Optional[Tensor] = None
+    dw_b: Optional[Tensor] = None
+    ln_w: Optional[Tensor] = None
+    ln_b: Optional[Tensor] = None
+    pw1_w: Optional[Tensor] = None
+    pw1_b: Optional[Tensor] = None
+    grn_w: Optional[Tensor] = None
+    grn_b: Optional[Tensor] = None
+    pw2_w: Optional[Tensor] = None
+    pw2_b: Optional[Tensor] = None
+
+
+@dataclass
+class Yasa2Stage:
+    """yasa2_stage (clip-model.h): an optional downsample, then blocks"""
+    down_ln_w: Optional[Tensor] = None
+    down_ln_b: Optional[Tensor] = None
+    down_conv_w: Optional[Tensor] = None
+    down_conv_b: Optional[Tensor] = None
+    blocks: list[Yasa2Block] = field(default_factory=list)
+
+
+@dataclass
 class ClipModel:
     """clip_model, the fields the planned projector types use."""
     modality: str = MODALITY_VISION
@@ -454,6 +488,12 @@ class ClipModel:
     token_embd_img_start: Optional[Tensor] = None   # DeepSeek-V4's sentinel rows
     token_embd_img_end: Optional[Tensor] = None
     token_embd_img_pad: Optional[Tensor] = None
+    yasa_patch_ln_w: Optional[Tensor] = None        # Yasa2's ConvNeXt
+    yasa_patch_ln_b: Optional[Tensor] = None
+    yasa_backbone_ln_w: Optional[Tensor] = None
+    yasa_backbone_ln_b: Optional[Tensor] = None
+    yasa_vision_pos_embed: Optional[Tensor] = None
+    yasa_stages: list[Yasa2Stage] = field(default_factory=list)
     mm_merger_fc1_w: Optional[Tensor] = None        # MiniMax-M3's 2x2 merge MLP
     mm_merger_fc1_b: Optional[Tensor] = None
     mm_merger_fc2_w: Optional[Tensor] = None
@@ -844,6 +884,8 @@ class ClipModelLoader:
             hp.image_min_pixels = min(hp.image_min_pixels, hp.image_max_pixels)
             warmup_side = int(math.sqrt(min(256, dsv4_max_n_token)))   # avoid OOM on warmup
             hp.set_warmup_n_tokens(warmup_side * warmup_side)
+        elif proj_type == "yasa2":
+            hp.ffn_op = FFN_GELU_ERF
         elif proj_type == "glm5v":
             # glm4v's tower with a clamped SwiGLU and its own token budget
             hp.rope_theta = 10000.0
@@ -998,6 +1040,40 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "yasa2":
+            # the patch conv and its bias: the tensors the common section loaded
+            if model.patch_embeddings_0 is None:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT: yasa2 requires v.patch_embd.weight)")
+            model.yasa_patch_ln_w = get_tensor(TN_YASA_PATCH_LN_W, False)
+            model.yasa_patch_ln_b = get_tensor(TN_YASA_PATCH_LN_B, False)
+            model.yasa_backbone_ln_w = get_tensor(TN_YASA_BACKBONE_LN_W, False)
+            model.yasa_backbone_ln_b = get_tensor(TN_YASA_BACKBONE_LN_B, False)
+            model.yasa_vision_pos_embed = get_tensor(TN_YASA_POS_EMBD, False)
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"), False)
+            model.yasa_stages = []
+            s = 0
+            while True:      # stages until one has neither a downsample nor blocks
+                stage = Yasa2Stage(get_tensor(TN_YASA_STAGE_DOWN_LN % (s, "weight"), False),
+                                   get_tensor(TN_YASA_STAGE_DOWN_LN % (s, "bias"), False),
+                                   get_tensor(TN_YASA_STAGE_DOWN_CONV % (s, "weight"), False),
+                                   get_tensor(TN_YASA_STAGE_DOWN_CONV % (s, "bias"), False))
+                bi = 0
+                while (dw_w := get_tensor(TN_YASA_STAGE_BLK % (s, bi, "dw", "weight"), False)) is not None:
+                    blk = Yasa2Block(dw_w)
+                    for part in ("dw", "ln", "pw1", "grn", "pw2"):
+                        if part != "dw":
+                            setattr(blk, f"{part}_w", get_tensor(TN_YASA_STAGE_BLK % (s, bi, part, "weight"), False))
+                        setattr(blk, f"{part}_b", get_tensor(TN_YASA_STAGE_BLK % (s, bi, part, "bias"), False))
+                    stage.blocks.append(blk)
+                    bi += 1
+                if stage.down_conv_w is None and not stage.blocks:
+                    break
+                model.yasa_stages.append(stage)
+                s += 1
         elif model.proj_type == "deepseek4v":
             mm_1_2(True)
             # the sentinel embeddings written into the output block
@@ -1235,7 +1311,8 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_2_w.ne[1]
     if p == "qwen2a":
         return model.mm_fc_w.ne[1]
-    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr", "dots3note_v", "kimik25", "deepseek4v"):
+    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr", "dots3note_v", "kimik25", "deepseek4v",
+             "yasa2"):
         return model.mm_2_w.ne[1]
     if p in ("idefics3", "deepseekocr", "deepseekocr2"):
         return model.mm_fc_w.ne[1]

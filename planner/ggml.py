@@ -536,9 +536,12 @@ def arange(start: float, stop: float, step: float) -> Tensor:
     return _op(new_tensor(T.F32, steps), "ARANGE", [], (start, stop, step))
 
 
-def argsort(a: Tensor) -> Tensor:
-    """ggml_argsort (descending, as argsort_top_k asks): i32 indices of a's shape."""
-    return _op(new_tensor(T.I32, *a.ne), "ARGSORT", [a], (1,))
+SORT_ORDER_ASC, SORT_ORDER_DESC = 0, 1   # enum ggml_sort_order
+
+
+def argsort(a: Tensor, order: int = SORT_ORDER_DESC) -> Tensor:
+    """ggml_argsort (descending, as argsort_top_k asks, unless told): i32 indices of a's shape."""
+    return _op(new_tensor(T.I32, *a.ne), "ARGSORT", [a], (order,))
 
 
 def argsort_top_k(a: Tensor, k: int) -> Tensor:
@@ -562,6 +565,15 @@ def lightning_indexer(q: Tensor, k: Tensor, weights: Tensor, mask: Tensor) -> Te
 
 # enum ggml_prec (ggml.h)
 PREC_F32 = 10
+
+
+def prec_set_acc(t: Tensor, prec: int) -> None:
+    """ggml_prec_set_acc for MUL_MAT/MUL_MAT_ID: op_params[0] (ggml.c:3291-3313; FLASH_ATTN_EXT's is set
+    by flash_attn_ext)."""
+    if t.op in ("MUL_MAT", "MUL_MAT_ID"):
+        params = list(t.op_params) + [0] * (1 - len(t.op_params))
+        params[0] = prec
+        t.op_params = tuple(params)
 
 
 def prec_set_src(t: Tensor, prec: int, idx: int) -> None:
@@ -794,6 +806,18 @@ def pool_1d(a: Tensor, op: int, k0: int, s0: int, p0: int) -> Tensor:
         raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_pool_1d GGML_ASSERT(ne[0] > 0)): a pool of {k0} over "
                         f"'{a.name}' {list(a.ne)}")
     return _op(new_tensor(T.F32, ne0, a.ne[1], a.ne[2], a.ne[3]), "POOL_1D", [a], (op, k0, s0, p0))
+
+
+def conv_2d_dw(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """ggml_conv_2d_dw (ggml.c:4891): the depthwise convolution as one im2col per channel and a
+    batched matrix product: [OW, OH, C, N]."""
+    new_a = reshape(a, a.ne[0], a.ne[1], 1, a.ne[2] * a.ne[3])
+    col = im2col(new_a, reshape(b, b.ne[0], b.ne[1], 1, b.ne[2] * b.ne[3]), s0, s1, p0, p1, d0, d1, True,
+                 T.F32 if a.type == T.BF16 else T.F16)
+    new_b = reshape(col, col.ne[0], col.ne[2] * col.ne[1], b.ne[2], b.ne[3])
+    new_a = reshape(new_a, new_a.ne[0] * new_a.ne[1], new_a.ne[2], new_a.ne[3], 1)
+    result = mul_mat(new_a, new_b)
+    return reshape(result, col.ne[1], col.ne[2], b.ne[2], b.ne[3])
 
 
 def pool_2d(a: Tensor, op: int, k0: int, k1: int, s0: int, s1: int, p0: float, p1: float) -> Tensor:

@@ -76,6 +76,19 @@ KEY_A_MAX_POS_EMB = "clip.audio.max_pos_emb"
 KEY_A_PROJ_WINDOW_SIZE = "clip.audio.projector.window_size"
 KEY_A_PROJ_DOWNSAMPLE_RATE = "clip.audio.projector.downsample_rate"
 KEY_A_PROJ_HEAD_COUNT = "clip.audio.projector.head_count"
+KEY_WIN_ATTN_LAYER_INDEXES = "clip.vision.wa_layer_indexes"
+KEY_ATTN_WINDOW_SIZE = "clip.vision.window_size"
+KEY_PROJ_SAMPLE_QUERY_SIDE = "clip.vision.projector.query_side"
+KEY_PROJ_SAMPLE_WINDOW_SIDE = "clip.vision.projector.window_side"
+KEY_PROJ_SPATIAL_OFFSETS = "clip.vision.projector.spatial_offsets"
+KEY_WA_PATTERN_MODE = "clip.vision.wa_pattern_mode"
+KEY_SWIGLU_CLAMP = "clip.vision.swiglu_clamp"
+KEY_VISION_N_EXPERT_USED = "clip.vision.expert_used_count"
+KEY_SAM_N_HEAD = "clip.vision.sam.head_count"
+KEY_SAM_N_BLOCK = "clip.vision.sam.block_count"
+KEY_SAM_N_EMBD = "clip.vision.sam.embedding_length"
+KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
+KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
 # clip-impl.h: tensor names
 TN_POS_EMBD = "%s.position_embd.weight"
@@ -198,6 +211,55 @@ TN_MM_NORM_MID = "mm.a.norm_mid.%s"
 TN_DEEPSTACK_NORM = "v.deepstack.%d.norm.%s"
 TN_DEEPSTACK_FC1 = "v.deepstack.%d.fc1.%s"
 TN_DEEPSTACK_FC2 = "v.deepstack.%d.fc2.%s"
+TN_IMAGE_NEWLINE = "v.image_newline"
+TN_IMAGE_SEPERATOR = "v.view_seperator"
+TN_MM_PRE_NORM = "mm.pre_norm.%s"
+TN_MM_IMG_BEGIN = "mm.image_begin"
+TN_MM_IMG_END = "mm.image_end"
+TN_TOK_IMG_START = "v.token_embd.img_start"
+TN_TOK_IMG_END = "v.token_embd.img_end"
+TN_TOK_IMG_PAD = "v.token_embd.img_pad"
+TN_YASA_PATCH_LN_W = "v.patch_ln.weight"
+TN_YASA_PATCH_LN_B = "v.patch_ln.bias"
+TN_YASA_BACKBONE_LN_W = "v.backbone_ln.weight"
+TN_YASA_BACKBONE_LN_B = "v.backbone_ln.bias"
+TN_YASA_POS_EMBD = "v.vision_pos_embed"
+TN_YASA_STAGE_DOWN_LN = "v.stage.%d.down.ln.%s"
+TN_YASA_STAGE_DOWN_CONV = "v.stage.%d.down.conv.%s"
+TN_YASA_STAGE_BLK = "v.stage.%d.blk.%d.%s.%s"
+TN_MM_MERGER_FC1 = "mm.merger.fc1.%s"
+TN_MM_MERGER_FC2 = "mm.merger.fc2.%s"
+TN_QF_SELF_ATTN_Q = "%s.proj_blk.%d.self_attn_q.%s"
+TN_QF_SELF_ATTN_K = "%s.proj_blk.%d.self_attn_k.%s"
+TN_QF_SELF_ATTN_V = "%s.proj_blk.%d.self_attn_v.%s"
+TN_QF_SELF_ATTN_O = "%s.proj_blk.%d.self_attn_out.%s"
+TN_QF_SELF_ATTN_N = "%s.proj_blk.%d.self_attn_norm.%s"
+TN_QF_CROSS_ATTN_Q = "%s.proj_blk.%d.cross_attn_q.%s"
+TN_QF_CROSS_ATTN_K = "%s.proj_blk.%d.cross_attn_k.%s"
+TN_QF_CROSS_ATTN_V = "%s.proj_blk.%d.cross_attn_v.%s"
+TN_QF_CROSS_ATTN_O = "%s.proj_blk.%d.cross_attn_out.%s"
+TN_QF_CROSS_ATTN_N = "%s.proj_blk.%d.cross_attn_norm.%s"
+TN_QF_FFN_UP = "%s.proj_blk.%d.ffn_up.%s"
+TN_QF_FFN_DOWN = "%s.proj_blk.%d.ffn_down.%s"
+TN_QF_FFN_NORM = "%s.proj_blk.%d.ffn_norm.%s"
+TN_SAM_POS_EMBD = "v.sam.pos_embd.%s"
+TN_SAM_PATCH_EMBD = "v.sam.patch_embd.%s"
+TN_SAM_PRE_NORM = "v.sam.blk.%d.pre_ln.%s"
+TN_SAM_POST_NORM = "v.sam.blk.%d.post_ln.%s"
+TN_SAM_ATTN_POS_H = "v.sam.blk.%d.attn.pos_h.%s"
+TN_SAM_ATTN_POS_W = "v.sam.blk.%d.attn.pos_w.%s"
+TN_SAM_ATTN_QKV = "v.sam.blk.%d.attn.qkv.%s"
+TN_SAM_ATTN_OUT = "v.sam.blk.%d.attn.out.%s"
+TN_SAM_FFN_UP = "v.sam.blk.%d.mlp.lin1.%s"
+TN_SAM_FFN_DOWN = "v.sam.blk.%d.mlp.lin2.%s"
+TN_SAM_NECK = "v.sam.neck.%d.%s"
+TN_SAM_NET = "v.sam.net_%d.%s"
+TN_RESMPL_QUERY = "v.resample_query_%d.%s"
+TN_MULTI_PROJ_IMG_POS = "v.proj_blk.%d.img_pos"
+TN_MULTI_PROJ_QUERY = "%s.proj_blk.%d.query"
+TN_MULTI_PROJ_LINEAR = "%s.proj_blk.%d.linear.%s"
+TN_MULTI_PROJ_NORM = "%s.proj_blk.%d.norm.%s"
+TN_MULTI_PROJ_POST_NORM = "%s.proj_blk.%d.post_norm.%s"
 
 # clip-impl.h PROJECTOR_TYPE_NAMES: every type llama.cpp knows, by its GGUF name
 PROJECTOR_TYPE_NAMES = (
@@ -216,11 +278,23 @@ GRAPH_BUILDERS = {
     "gemma3": "siglip", "idefics3": "siglip", "lfm2": "siglip",
     "qwen2vl_merger": "qwen2vl", "qwen2.5vl_merger": "qwen2vl",
     "qwen3vl_merger": "qwen3vl",
-    "pixtral": "pixtral",
+    "pixtral": "pixtral", "lightonocr": "pixtral",
+    "paddleocr": "paddleocr",
+    "hunyuanvl": "hunyuanvl",
+    "youtuvl": "youtuvl",
+    "granite4_vision": "granite4_vision",
+    "mimovl": "mimovl",
+    "dots_ocr": "dotsocr", "dots3note_v": "dotsocr",
     "kimivl": "kimivl",
     "llama4": "llama4",
     "internvl": "internvl",
-    "glm4v": "glm4v",
+    "glm4v": "glm4v", "glm5v": "glm4v",
+    "deepseekocr": "deepseekocr", "deepseekocr2": "deepseekocr2",
+    "exaone4_5": "exaone4_5",
+    "kimik25": "kimik25",
+    "minimax_m3": "minimax_m3",
+    "deepseek4v": "deepseek4v",
+    "yasa2": "yasa2",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "glma": "whisper_enc", "meralion": "whisper_enc",
@@ -280,6 +354,16 @@ class ClipHparams:
     rope_theta: float = 0.0
     swiglu_clamp: float = 0.0
     n_wa_pattern: int = 0
+    wa_layer_indexes: set[int] = field(default_factory=set)
+    wa_pattern_mode: list[int] = field(default_factory=list)
+    attn_window_size: int = 0
+    proj_spatial_offsets: list[int] = field(default_factory=list)
+    downsample_query_side: int = 0
+    downsample_window_side: int = 0
+    n_expert_used: int = 0
+    sam_n_layer: int = 0
+    sam_n_head: int = 0
+    sam_n_embd: int = 0
     image_longest_edge: int = 0
     preproc_min_tiles: int = 0
     preproc_max_tiles: int = 0
@@ -411,6 +495,9 @@ class ClipLayer:
     attn_rel_pos_emb: Optional[Tensor] = None
     # a QFormer layer's cross-attention (Granite Speech)
     cross_attn_q_w: Optional[Tensor] = None
+    rel_pos_h: Optional[Tensor] = None            # a SAM layer's relative positions
+    rel_pos_w: Optional[Tensor] = None
+    cross_attn_q_w: Optional[Tensor] = None       # a QFormer layer's cross-attention (qf_block)
     cross_attn_q_b: Optional[Tensor] = None
     cross_attn_k_w: Optional[Tensor] = None
     cross_attn_k_b: Optional[Tensor] = None
@@ -427,13 +514,42 @@ class ClipLayer:
 
 @dataclass
 class QfBlock:
-    """qf_block (Granite Speech): the QFormer projector's queries, norm, layers and output linear."""
+    """qf_block (clip-model.h): a QFormer projector's queries, norms, layers and output linear (Granite
+    Speech's; Granite 4 Vision's windowed, with image positions)."""
     qf_proj_query: Optional[Tensor] = None
     qf_proj_norm_w: Optional[Tensor] = None
     qf_proj_norm_b: Optional[Tensor] = None
     qf_proj_linear_w: Optional[Tensor] = None
     qf_proj_linear_b: Optional[Tensor] = None
+    qf_proj_post_norm_w: Optional[Tensor] = None
+    qf_proj_post_norm_b: Optional[Tensor] = None
+    qf_proj_img_pos: Optional[Tensor] = None     # vision only
     qf_proj_layers: list[ClipLayer] = field(default_factory=list)
+
+
+@dataclass
+class Yasa2Block:
+    """yasa2_block (clip-model.h): a ConvNeXt-V2 block"""
+    dw_w: Optional[Tensor] = None
+    dw_b: Optional[Tensor] = None
+    ln_w: Optional[Tensor] = None
+    ln_b: Optional[Tensor] = None
+    pw1_w: Optional[Tensor] = None
+    pw1_b: Optional[Tensor] = None
+    grn_w: Optional[Tensor] = None
+    grn_b: Optional[Tensor] = None
+    pw2_w: Optional[Tensor] = None
+    pw2_b: Optional[Tensor] = None
+
+
+@dataclass
+class Yasa2Stage:
+    """yasa2_stage (clip-model.h): an optional downsample, then blocks"""
+    down_ln_w: Optional[Tensor] = None
+    down_ln_b: Optional[Tensor] = None
+    down_conv_w: Optional[Tensor] = None
+    down_conv_b: Optional[Tensor] = None
+    blocks: list[Yasa2Block] = field(default_factory=list)
 
 
 @dataclass
@@ -534,6 +650,40 @@ class ClipModel:
     ctc_out_mid_w: Optional[Tensor] = None
     ctc_out_mid_b: Optional[Tensor] = None
     qf_proj_blocks: list[QfBlock] = field(default_factory=list)
+    mm_model_proj_b: Optional[Tensor] = None
+    mm_pre_norm_w: Optional[Tensor] = None
+    mm_img_begin: Optional[Tensor] = None
+    mm_img_end: Optional[Tensor] = None
+    image_newline: Optional[Tensor] = None
+    view_seperator: Optional[Tensor] = None
+    qf_proj_blocks: list[QfBlock] = field(default_factory=list)
+    token_embd_img_start: Optional[Tensor] = None   # DeepSeek-V4's sentinel rows
+    token_embd_img_end: Optional[Tensor] = None
+    token_embd_img_pad: Optional[Tensor] = None
+    yasa_patch_ln_w: Optional[Tensor] = None        # Yasa2's ConvNeXt
+    yasa_patch_ln_b: Optional[Tensor] = None
+    yasa_backbone_ln_w: Optional[Tensor] = None
+    yasa_backbone_ln_b: Optional[Tensor] = None
+    yasa_vision_pos_embed: Optional[Tensor] = None
+    yasa_stages: list[Yasa2Stage] = field(default_factory=list)
+    mm_merger_fc1_w: Optional[Tensor] = None        # MiniMax-M3's 2x2 merge MLP
+    mm_merger_fc1_b: Optional[Tensor] = None
+    mm_merger_fc2_w: Optional[Tensor] = None
+    mm_merger_fc2_b: Optional[Tensor] = None
+    pos_embed: Optional[Tensor] = None              # DeepSeek-OCR's SAM encoder
+    patch_embed_proj_w: Optional[Tensor] = None
+    patch_embed_proj_b: Optional[Tensor] = None
+    sam_layers: list[ClipLayer] = field(default_factory=list)
+    neck_0_w: Optional[Tensor] = None
+    neck_1_w: Optional[Tensor] = None
+    neck_1_b: Optional[Tensor] = None
+    neck_2_w: Optional[Tensor] = None
+    neck_3_w: Optional[Tensor] = None
+    neck_3_b: Optional[Tensor] = None
+    net_2: Optional[Tensor] = None
+    net_3: Optional[Tensor] = None
+    resample_query_768: Optional[Tensor] = None
+    resample_query_1024: Optional[Tensor] = None
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -768,6 +918,69 @@ class ClipModelLoader:
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             hp.set_limit_image_tokens(8, 1024)
             hp.set_warmup_n_tokens(256)   # avoid OOM on warmup
+        elif proj_type == "lightonocr":
+            hp.n_merge = 1
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.image_longest_edge = hp.image_size
+            hp.image_longest_edge = self.get_u32(KEY_PREPROC_IMAGE_SIZE, hp.image_longest_edge)
+            hp.set_limit_image_tokens_custom()
+            hp.set_warmup_n_tokens(256)
+        elif proj_type == "paddleocr":
+            hp.n_merge = 2
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(28 * 28)   # avoid OOM on warmup
+        elif proj_type == "hunyuanvl":
+            hp.n_merge = 2
+            hp.ffn_op = FFN_GELU
+            hp.set_limit_image_tokens(256, 16384)
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS, hp.image_min_pixels)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS, hp.image_max_pixels)
+            hp.set_warmup_n_tokens(32 * 32)
+        elif proj_type == "youtuvl":
+            hp.n_merge = 2
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.attn_window_size = self.get_u32(KEY_ATTN_WINDOW_SIZE)
+            hp.wa_layer_indexes = set(self.get_arr(KEY_WIN_ATTN_LAYER_INDEXES, INT32, True))
+            hp.set_limit_image_tokens(1, 62500)
+            hp.set_warmup_n_tokens(16 * 16)   # avoid OOM on warmup
+        elif proj_type == "dots_ocr":
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(46 * 46)   # avoid OOM on warmup
+        elif proj_type == "dots3note_v":
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.n_expert_used = self.get_u32(KEY_VISION_N_EXPERT_USED)
+            hp.set_warmup_n_tokens(46 * 46)   # avoid OOM on warmup
+        elif proj_type == "mimovl":
+            hp.n_merge = 2            # spatial_merge_size
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.n_head_kv = self.get_u32(KEY_N_HEAD_KV % "vision")
+            hp.attn_window_size = self.get_u32(KEY_ATTN_WINDOW_SIZE)   # the banded window's radius
+            hp.wa_pattern_mode = self.get_arr(KEY_WA_PATTERN_MODE, INT32, True)
+            if len(hp.wa_pattern_mode) != hp.n_layer:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT: mimovl wa_pattern_mode length must equal n_layer): "
+                                f"{len(hp.wa_pattern_mode)} != {hp.n_layer}")
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(46 * 46)   # avoid OOM on warmup
+        elif proj_type == "granite4_vision":
+            # feature_layers: read above as optional
+            hp.proj_spatial_offsets = self.get_arr(KEY_PROJ_SPATIAL_OFFSETS, INT32, True)
+            if len(hp.feature_layers) != len(hp.proj_spatial_offsets):
+                self.fail(f"load_hparams: feature_layers.size() {len(hp.feature_layers)} != proj_spatial_offsets.size() "
+                          f"{len(hp.proj_spatial_offsets)}")
+            hp.downsample_query_side = self.get_u32(KEY_PROJ_SAMPLE_QUERY_SIDE)
+            hp.downsample_window_side = self.get_u32(KEY_PROJ_SAMPLE_WINDOW_SIDE)
+            hp.warmup_image_size = hp.image_size
         elif proj_type == "kimivl":
             hp.rope_theta = 10000.0
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
@@ -778,6 +991,84 @@ class ClipModelLoader:
             hp.n_merge = 2
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             hp.set_limit_image_tokens(8, 4096)
+            hp.set_warmup_n_tokens(46 * 46)
+        elif proj_type in ("deepseekocr", "deepseekocr2"):
+            hp.patch_size = 16
+            hp.image_size = 1024
+            hp.warmup_image_size = 1024
+            hp.sam_n_layer = self.get_u32(KEY_SAM_N_BLOCK)
+            hp.sam_n_head = self.get_u32(KEY_SAM_N_HEAD)
+            hp.sam_n_embd = self.get_u32(KEY_SAM_N_EMBD)
+            hp.attn_window_size = self.get_u32(KEY_ATTN_WINDOW_SIZE)
+            hp.preproc_min_tiles = 2
+            if proj_type == "deepseekocr":
+                hp.preproc_max_tiles = 9
+                hp.eps = 1e-5         # the CLIP/ViT body's layernorms (the SAM stage uses 1e-6)
+            else:
+                hp.preproc_max_tiles = 6
+                hp.n_head_kv = self.get_u32(KEY_N_HEAD_KV % "vision")   # the qwen2 encoder is GQA
+            # unlimited-ocr shares the v1 projector but tiles up to 32
+            hp.preproc_min_tiles = self.get_u32(KEY_PREPROC_MIN_TILES, hp.preproc_min_tiles)
+            hp.preproc_max_tiles = self.get_u32(KEY_PREPROC_MAX_TILES, hp.preproc_max_tiles)
+            if not 0 <= hp.preproc_min_tiles <= hp.preproc_max_tiles <= 256:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(preproc_min_tiles >= 0 && preproc_min_tiles <= preproc_max_tiles && "
+                                f"preproc_max_tiles <= 256)): {hp.preproc_min_tiles}, {hp.preproc_max_tiles}")
+        elif proj_type == "exaone4_5":
+            hp.n_merge = 2
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.n_wa_pattern = self.get_u32(KEY_WIN_ATTN_PATTERN, hp.n_wa_pattern)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(46 * 46)
+            if hp.rope_theta <= 0.0:
+                hp.rope_theta = 10000.0
+            hp.n_head_kv = self.get_u32(KEY_N_HEAD_KV % "vision")
+        elif proj_type == "kimik25":
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
+            min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS, 0)
+            max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS, 0)
+            if min_pixels > 0 and max_pixels > 0:
+                hp.image_min_pixels, hp.image_max_pixels = min_pixels, max_pixels
+                hp.warmup_image_size = int(math.sqrt(max_pixels))
+            else:
+                hp.set_limit_image_tokens(2, 4096)
+        elif proj_type == "minimax_m3":
+            hp.n_merge = 2            # spatial_merge_size
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            if hp.n_merge <= 0:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(hparams.n_merge > 0))")
+            hp.rope_theta = 10000.0
+            hp.set_limit_image_tokens(8, 576)   # max_pixels 672^2: 576 merged tokens
+            hp.set_warmup_n_tokens(16 * 16)
+        elif proj_type == "deepseek4v":
+            hp.rope_theta = 10000.0
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            dsv4_max_n_token = 384
+            patch_area = _i32(hp.patch_size * hp.patch_size * hp.n_merge * hp.n_merge)
+            # --image-min/max-tokens: the max caps the whole token block (room kept for the resize solver)
+            if hp.custom_image_min_tokens > 0:
+                hp.image_min_pixels = _i32(hp.custom_image_min_tokens * patch_area)
+            if hp.custom_image_max_tokens > 0:
+                dsv4_max_n_token = max(hp.custom_image_max_tokens, 16)
+            hp.image_max_pixels = _i32(dsv4_max_n_token * patch_area)
+            hp.image_min_pixels = min(hp.image_min_pixels, hp.image_max_pixels)
+            warmup_side = int(math.sqrt(min(256, dsv4_max_n_token)))   # avoid OOM on warmup
+            hp.set_warmup_n_tokens(warmup_side * warmup_side)
+        elif proj_type == "yasa2":
+            hp.ffn_op = FFN_GELU_ERF
+        elif proj_type == "glm5v":
+            # glm4v's tower with a clamped SwiGLU and its own token budget
+            hp.rope_theta = 10000.0
+            hp.n_merge = 2
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.swiglu_clamp = self.get_f32(KEY_SWIGLU_CLAMP)
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_limit_image_tokens_custom()
             hp.set_warmup_n_tokens(46 * 46)
         elif proj_type == "gemma4v":
             hp.rope_theta = 100.0
@@ -974,6 +1265,62 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "yasa2":
+            # the patch conv and its bias: the tensors the common section loaded
+            if model.patch_embeddings_0 is None:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT: yasa2 requires v.patch_embd.weight)")
+            model.yasa_patch_ln_w = get_tensor(TN_YASA_PATCH_LN_W, False)
+            model.yasa_patch_ln_b = get_tensor(TN_YASA_PATCH_LN_B, False)
+            model.yasa_backbone_ln_w = get_tensor(TN_YASA_BACKBONE_LN_W, False)
+            model.yasa_backbone_ln_b = get_tensor(TN_YASA_BACKBONE_LN_B, False)
+            model.yasa_vision_pos_embed = get_tensor(TN_YASA_POS_EMBD, False)
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"), False)
+            model.yasa_stages = []
+            s = 0
+            while True:      # stages until one has neither a downsample nor blocks
+                stage = Yasa2Stage(get_tensor(TN_YASA_STAGE_DOWN_LN % (s, "weight"), False),
+                                   get_tensor(TN_YASA_STAGE_DOWN_LN % (s, "bias"), False),
+                                   get_tensor(TN_YASA_STAGE_DOWN_CONV % (s, "weight"), False),
+                                   get_tensor(TN_YASA_STAGE_DOWN_CONV % (s, "bias"), False))
+                bi = 0
+                while (dw_w := get_tensor(TN_YASA_STAGE_BLK % (s, bi, "dw", "weight"), False)) is not None:
+                    blk = Yasa2Block(dw_w)
+                    for part in ("dw", "ln", "pw1", "grn", "pw2"):
+                        if part != "dw":
+                            setattr(blk, f"{part}_w", get_tensor(TN_YASA_STAGE_BLK % (s, bi, part, "weight"), False))
+                        setattr(blk, f"{part}_b", get_tensor(TN_YASA_STAGE_BLK % (s, bi, part, "bias"), False))
+                    stage.blocks.append(blk)
+                    bi += 1
+                if stage.down_conv_w is None and not stage.blocks:
+                    break
+                model.yasa_stages.append(stage)
+                s += 1
+        elif model.proj_type == "deepseek4v":
+            mm_1_2(True)
+            # the sentinel embeddings written into the output block
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE)
+            model.token_embd_img_start = get_tensor(TN_TOK_IMG_START)
+            model.token_embd_img_end = get_tensor(TN_TOK_IMG_END)
+            model.token_embd_img_pad = get_tensor(TN_TOK_IMG_PAD)
+        elif model.proj_type == "minimax_m3":
+            # the per-patch MLP mm.1 -> gelu -> mm.2, then the 2x2 merge MLP
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"))
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+            model.mm_merger_fc1_w = get_tensor(TN_MM_MERGER_FC1 % "weight")
+            model.mm_merger_fc1_b = get_tensor(TN_MM_MERGER_FC1 % "bias")
+            model.mm_merger_fc2_w = get_tensor(TN_MM_MERGER_FC2 % "weight")
+            model.mm_merger_fc2_b = get_tensor(TN_MM_MERGER_FC2 % "bias")
+        elif model.proj_type == "exaone4_5":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
         elif model.proj_type == "gemma3":
             model.mm_input_proj_w = get_tensor(TN_MM_INP_PROJ)
             model.mm_soft_emb_norm_w = get_tensor(TN_MM_SOFT_EMB_N)
@@ -983,7 +1330,7 @@ class ClipModelLoader:
             model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM, False)
             model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B, False)
             mm_1_2(True)
-        elif model.proj_type == "kimivl":
+        elif model.proj_type in ("kimivl", "paddleocr", "kimik25"):
             model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)
             model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B)
             mm_1_2(True)
@@ -992,7 +1339,11 @@ class ClipModelLoader:
             model.token_embd_img_break = get_tensor(TN_TOK_IMG_BREAK)
             model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM, False)       # Mistral Small 3.1's merger
             model.mm_patch_merger_w = get_tensor(TN_MM_PATCH_MERGER % "weight", False)
-        elif model.proj_type == "glm4v":
+        elif model.proj_type == "lightonocr":     # Pixtral's tensors without [IMG_BREAK]
+            mm_1_2(False)
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM, False)
+            model.mm_patch_merger_w = get_tensor(TN_MM_PATCH_MERGER % "weight", False)
+        elif model.proj_type in ("glm4v", "glm5v"):
             model.mm_fc_w = get_tensor(TN_MM_PROJECTOR % "weight")
             model.mm_ffn_up_w = get_tensor(TN_MM_UP % "weight")
             model.mm_ffn_up_b = get_tensor(TN_MM_UP % "bias", False)
@@ -1293,6 +1644,99 @@ class ClipModelLoader:
                 layer.conv_pw2_b = t(TN_CONV_PW2, "bias")
         elif model.proj_type == "gemma4ua":
             model.mm_input_proj_w = get_tensor(TN_A_MM_INP_PROJ % "weight")
+        elif model.proj_type == "youtuvl":
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)       # merger.ln_q (RMS norm)
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))  # merger.mlp.0
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))  # merger.mlp.2
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type in ("dots_ocr", "dots3note_v"):
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)
+            model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B)
+            # post_trunk_norm: after all ViT blocks, before the merger
+            model.post_ln_w = get_tensor(TN_MM_POST_NORM % "weight")
+        elif model.proj_type == "mimovl":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"), False)
+        elif model.proj_type in ("deepseekocr", "deepseekocr2"):
+            model.pos_embed = get_tensor(TN_SAM_POS_EMBD % "weight")
+            model.patch_embed_proj_w = get_tensor(TN_SAM_PATCH_EMBD % "weight")
+            model.patch_embed_proj_b = get_tensor(TN_SAM_PATCH_EMBD % "bias")
+            if hp.sam_n_layer > len(self.header.tensors):
+                self.fail(f"load_tensors: unable to find tensor {TN_SAM_ATTN_QKV % (len(self.header.tensors), 'weight')}")
+            model.sam_layers = [ClipLayer() for _ in range(hp.sam_n_layer)]
+            for il, layer in enumerate(model.sam_layers):
+                layer.qkv_w = get_tensor(TN_SAM_ATTN_QKV % (il, "weight"))
+                layer.qkv_b = get_tensor(TN_SAM_ATTN_QKV % (il, "bias"))
+                layer.o_w = get_tensor(TN_SAM_ATTN_OUT % (il, "weight"))
+                layer.o_b = get_tensor(TN_SAM_ATTN_OUT % (il, "bias"))
+                layer.ln_1_w = get_tensor(TN_SAM_PRE_NORM % (il, "weight"))
+                layer.ln_1_b = get_tensor(TN_SAM_PRE_NORM % (il, "bias"))
+                layer.ln_2_w = get_tensor(TN_SAM_POST_NORM % (il, "weight"))
+                layer.ln_2_b = get_tensor(TN_SAM_POST_NORM % (il, "bias"))
+                layer.rel_pos_h = get_tensor(TN_SAM_ATTN_POS_H % (il, "weight"))
+                layer.rel_pos_w = get_tensor(TN_SAM_ATTN_POS_W % (il, "weight"))
+                layer.ff_up_w = get_tensor(TN_SAM_FFN_UP % (il, "weight"))
+                layer.ff_up_b = get_tensor(TN_SAM_FFN_UP % (il, "bias"))
+                layer.ff_down_w = get_tensor(TN_SAM_FFN_DOWN % (il, "weight"))
+                layer.ff_down_b = get_tensor(TN_SAM_FFN_DOWN % (il, "bias"))
+            model.neck_0_w = get_tensor(TN_SAM_NECK % (0, "weight"))
+            model.neck_1_b = get_tensor(TN_SAM_NECK % (1, "bias"))
+            model.neck_1_w = get_tensor(TN_SAM_NECK % (1, "weight"))
+            model.neck_2_w = get_tensor(TN_SAM_NECK % (2, "weight"))
+            model.neck_3_b = get_tensor(TN_SAM_NECK % (3, "bias"))
+            model.neck_3_w = get_tensor(TN_SAM_NECK % (3, "weight"))
+            model.net_2 = get_tensor(TN_SAM_NET % (2, "weight"))
+            model.net_3 = get_tensor(TN_SAM_NET % (3, "weight"))
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE, False)
+            model.view_seperator = get_tensor(TN_IMAGE_SEPERATOR)
+            model.mm_fc_w = get_tensor(TN_MM_PROJECTOR % "weight")
+            model.mm_fc_b = get_tensor(TN_MM_PROJECTOR % "bias")
+            model.resample_query_768 = get_tensor(TN_RESMPL_QUERY % (768, "weight"), False)
+            model.resample_query_1024 = get_tensor(TN_RESMPL_QUERY % (1024, "weight"), False)
+        elif model.proj_type == "granite4_vision":
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE)   # at the top level
+            # the layerwise and spatial projectors, each one QFormer layer
+            model.qf_proj_blocks = [QfBlock() for _ in hp.feature_layers]
+            for bid, b in enumerate(model.qf_proj_blocks):
+                b.qf_proj_img_pos = get_tensor(TN_MULTI_PROJ_IMG_POS % bid)
+                b.qf_proj_query = get_tensor(TN_MULTI_PROJ_QUERY % (prefix, bid))
+                b.qf_proj_linear_w = get_tensor(TN_MULTI_PROJ_LINEAR % (prefix, bid, "weight"))
+                b.qf_proj_linear_b = get_tensor(TN_MULTI_PROJ_LINEAR % (prefix, bid, "bias"))
+                b.qf_proj_norm_w = get_tensor(TN_MULTI_PROJ_NORM % (prefix, bid, "weight"))
+                b.qf_proj_norm_b = get_tensor(TN_MULTI_PROJ_NORM % (prefix, bid, "bias"))
+                b.qf_proj_post_norm_w = get_tensor(TN_MULTI_PROJ_POST_NORM % (prefix, bid, "weight"))
+                b.qf_proj_post_norm_b = get_tensor(TN_MULTI_PROJ_POST_NORM % (prefix, bid, "bias"))
+                pl = ClipLayer()
+                b.qf_proj_layers = [pl]
+                for attr, fmt in (("q", TN_QF_SELF_ATTN_Q), ("k", TN_QF_SELF_ATTN_K), ("v", TN_QF_SELF_ATTN_V),
+                                  ("o", TN_QF_SELF_ATTN_O), ("ln_1", TN_QF_SELF_ATTN_N),
+                                  ("cross_attn_q", TN_QF_CROSS_ATTN_Q), ("cross_attn_k", TN_QF_CROSS_ATTN_K),
+                                  ("cross_attn_v", TN_QF_CROSS_ATTN_V), ("cross_attn_o", TN_QF_CROSS_ATTN_O),
+                                  ("cross_attn_norm", TN_QF_CROSS_ATTN_N), ("ff_up", TN_QF_FFN_UP),
+                                  ("ff_down", TN_QF_FFN_DOWN), ("ln_2", TN_QF_FFN_NORM)):
+                    setattr(pl, f"{attr}_w", get_tensor(fmt % (prefix, bid, "weight")))
+                    setattr(pl, f"{attr}_b", get_tensor(fmt % (prefix, bid, "bias")))
+        elif model.proj_type == "hunyuanvl":
+            # proj.0 -> mm.0 (conv1), proj.2 -> mm.2 (conv2), mlp -> mm.model.fc (linear)
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+            model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
+            model.mm_model_proj_b = get_tensor(TN_MM_PROJECTOR % "bias")
+            model.mm_pre_norm_w = get_tensor(TN_MM_PRE_NORM % "weight")
+            model.mm_post_norm_w = get_tensor(TN_MM_POST_NORM % "weight")
+            model.mm_img_begin = get_tensor(TN_MM_IMG_BEGIN)
+            model.mm_img_end = get_tensor(TN_MM_IMG_END)
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE)
+            model.view_seperator = get_tensor(TN_IMAGE_SEPERATOR, False)
         elif model.proj_type == "llama4":
             model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
             model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
@@ -1337,7 +1781,7 @@ SWAPPED_FFN_TYPES = frozenset({"mlp", "mlp_norm", "ldp", "ldpv2", "qwen2vl_merge
 def clip_n_mmproj_embd(model: ClipModel) -> int:
     """clip_n_mmproj_embd: the text model's embedding size the projector's output must match."""
     p = model.proj_type
-    if p in ("qwen2vl_merger", "qwen2.5vl_merger"):
+    if p in ("qwen2vl_merger", "qwen2.5vl_merger", "youtuvl", "exaone4_5"):
         return model.mm_1_b.ne[0]
     if p == "qwen3vl_merger":
         return model.mm_1_b.ne[0] * (1 + model.n_deepstack_layers)   # main path + deepstack paths
@@ -1366,15 +1810,22 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_3_w.ne[1]     # out_proj's output
     if p == "qwen2a":
         return model.mm_fc_w.ne[1]
-    if p in ("pixtral", "lfm2", "kimivl"):
+    if p in ("pixtral", "lightonocr", "lfm2", "kimivl", "paddleocr", "dots_ocr", "dots3note_v", "kimik25", "deepseek4v",
+             "yasa2"):
         return model.mm_2_w.ne[1]
-    if p == "idefics3":
+    if p in ("idefics3", "deepseekocr", "deepseekocr2"):
         return model.mm_fc_w.ne[1]
     if p == "internvl":
         return model.mm_3_w.ne[1]
-    if p == "llama4":
+    if p == "minimax_m3":
+        return model.mm_merger_fc2_b.ne[0]
+    if p == "mimovl":
+        return model.mm_1_w.ne[1]
+    if p == "granite4_vision":
+        return len(model.qf_proj_blocks) * model.hparams.projection_dim
+    if p in ("llama4", "hunyuanvl"):
         return model.mm_model_proj.ne[1]
-    if p == "glm4v":
+    if p in ("glm4v", "glm5v"):
         return model.mm_ffn_down_w.ne[1]
     raise AssertionError(f"clip_n_mmproj_embd: {p} is in GRAPH_BUILDERS but not here")
 
@@ -1588,9 +2039,10 @@ class ClipGraph:
             cur = self.build_norm(cur, layer.ln_2_w, layer.ln_2_b, norm_t, eps, il)
             self.cb(cur, "ffn_inp_normed", il)
             if layer.ff_gate_exps_w is not None:
-                raise NotImplementedError("the vision MoE FFN (dots3note) is not planned")
-            cur = self.build_ffn(cur, layer.ff_up_w, layer.ff_up_b, layer.ff_gate_w, layer.ff_gate_b,
-                                 layer.ff_down_w, layer.ff_down_b, ffn_t, il)
+                cur = self.build_moe_ffn(cur, layer, ffn_t, il)
+            else:
+                cur = self.build_ffn(cur, layer.ff_up_w, layer.ff_up_b, layer.ff_gate_w, layer.ff_gate_b,
+                                     layer.ff_down_w, layer.ff_down_b, ffn_t, il)
             self.cb(cur, "ffn_out", il)
             if layer.ff_post_norm_w is not None:
                 cur = self.build_norm(cur, layer.ff_post_norm_w, None, norm_t, eps, il)
@@ -1685,6 +2137,38 @@ class ClipGraph:
             self.cb(cur, "ffn_down", il)
             cur = ggml.add(cur, down_b)
         return cur
+
+    def build_moe_ffn(self, cur: Tensor, layer: ClipLayer, type_op: int, il: int) -> Tensor:
+        """clip_graph::build_moe_ffn (dots3note's vision pyramid blocks): a sigmoid router in F32, the
+        top n_expert_used (exp_probs_b only moves the choice), their weights normalized, SwiGLU experts."""
+        n_tokens = cur.ne[1]
+        n_expert = layer.ff_gate_exps_w.ne[2]
+        n_expert_used = min(self.hparams.n_expert_used, n_expert)
+        if n_expert_used <= 0:
+            raise self.abort("clip.cpp build_moe_ffn GGML_ASSERT(n_expert_used > 0)")
+        if type_op != FFN_SILU:
+            raise self.abort("clip.cpp build_moe_ffn GGML_ASSERT(type_op == FFN_SILU)")
+        probs = ggml.unary(self.build_mm(self._weight(layer.ff_gate_inp_w, "ffn_gate_inp"), cur), "SIGMOID")
+        sel = ggml.add(probs, layer.ff_exp_probs_b) if layer.ff_exp_probs_b is not None else probs
+        selected = ggml.top_k(sel, n_expert_used)
+        weights = ggml.get_rows(ggml.reshape(probs, 1, n_expert, n_tokens), selected)
+        weights = ggml.reshape(weights, n_expert_used, n_tokens)
+        weights = ggml.div(weights, ggml.sum_rows(weights))
+        weights = ggml.reshape(weights, 1, n_expert_used, n_tokens)
+        cur = ggml.reshape(cur, cur.ne[0], 1, n_tokens)
+        gate = ggml.mul_mat_id(layer.ff_gate_exps_w, cur, selected)
+        up = ggml.mul_mat_id(self._weight(layer.ff_up_exps_w, "ffn_up_exps"), cur, selected)
+        cur = ggml.mul(ggml.unary(gate, "SILU"), up)
+        cur = ggml.mul_mat_id(self._weight(layer.ff_down_exps_w, "ffn_down_exps"), cur, selected)
+        cur = ggml.mul(cur, weights)
+        out = None
+        for i in range(n_expert_used):      # the sum over the selected experts
+            v = ggml.view(cur, (cur.ne[0], n_tokens), (cur.nb[2],), i * cur.nb[1])
+            out = ggml.add(out, v) if out is not None else v
+        if n_expert_used == 1:
+            out = ggml.cont(out)
+        self.cb(out, "ffn_moe_out", il)
+        return out
 
     def build_attn(self, wo: Optional[Tensor], wo_b: Optional[Tensor], q_cur: Tensor, k_cur: Tensor, v_cur: Tensor,
                    kq_mask: Optional[Tensor], kq_scale: float, il: int, sinks: Optional[Tensor] = None) -> Tensor:

@@ -16,7 +16,7 @@ from .ggml import GGMLAbort
 from .gguf import GGUFHeader
 from .graph import (LLM_FUSED_OP_DSV4_HC_COMB, LLM_FUSED_OP_DSV4_HC_POST, LLM_FUSED_OP_DSV4_HC_PRE,
                     LLM_FUSED_OP_FLASH_ATTN, GraphContext, Ubatch)
-from .hparams import LLAMA_SWA_TYPE_NONE, HParams
+from .hparams import LLAMA_SWA_TYPE_NONE, HParams, UnsupportedModel
 from .kv_cache import KVCache, create_kv_cache
 from .kv_cache_dsa import KVCacheDSA, KVCacheDSAISWA, create_kv_cache_dsa, create_kv_cache_dsa_iswa
 from .kv_cache_dsv4 import KVCacheDSV4, create_kv_cache_dsv4
@@ -87,6 +87,7 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     devices = plan_devices(params, hp)
     model = load_tensors(ml, hp, weight_placement(devices, params, hp), lazy_read_buft(params),
                          load_mtp=params.load_mtp)
+    check_ctx_other(ml, model)
     # the cache is created before the FA probe: "auto" still counts as on (v_trans = !flash_attn)
     kv = create_memory(hp, cp, devices)
     output_size = output_reserve_size(hp, cp)
@@ -101,6 +102,18 @@ def output_reserve_size(hp: HParams, cp: CParams) -> int:
     has_embd = cp.embeddings or hp.arch == "t5"
     n_floats = hp.n_vocab + (hp.n_embd_out() if has_embd else 0)
     return n_floats * cp.n_seq_max * 4
+class NeedsTarget(UnsupportedModel):
+    """A draft head whose context llama.cpp creates only beside its target model (ctx_other)."""
+
+
+def check_ctx_other(ml: ModelLoader, model: Model) -> None:
+    """llama_context's constructor: a draft head without its own token_embd or output reads the
+    target's through ctx_other, which only speculative decoding sets (common_fit_params measures the
+    draft without it, fails, and fits the main model alone)."""
+    if model.hparams.arch == "eagle3" and (model.tok_embd is None or model.output is None):
+        raise NeedsTarget(f"{ml.header.path}: eagle3 requires ctx_other to be set: llama.cpp creates the context of a "
+                          f"head without its own token_embd and output only beside its target model (llama-server "
+                          f"--spec-type draft-eagle3 -md FILE)")
 
 
 def check_mtp_context(ml: ModelLoader, hp: HParams) -> None:

@@ -528,6 +528,15 @@ def test_a_file_of_the_mtp_blocks_alone_is_refused_in_one_line(tmp_path, name):
     assert_cli_error(invoke(path), "only the multi-token-prediction blocks", "draft model")
 
 
+def test_an_eagle3_head_without_its_own_embeddings_is_refused_alone_in_one_line():
+    """An EAGLE-3 head without token_embd and output reads its target's through ctx_other: real
+    llama.cpp loads it and refuses its context alone ("eagle3 requires ctx_other to be set", seen:
+    tests/test_fixtures.py); the plan refuses it in one line naming the speculative decoding it needs."""
+    from fixtures.make_gguf import header_path
+    assert_cli_error(invoke(header_path("tiny-eagle3-shared"), "-c", "4096"), "eagle3 requires ctx_other to be set",
+                     "--spec-type draft-eagle3 -md FILE")
+
+
 @pytest.mark.parametrize("key,value,needles", [
     ("attention.compress_ratios", [0, 0, 128, 128, 0, 0], ("SIGFPE", "build_input_k_rot")),
     ("attention.compress_ratios", [0, 0, 4, 128], ("compress_ratios is shorter than block_count",)),

@@ -44,6 +44,7 @@ ARCHS = {
     "deepseek4": "deepseek4",
     "dots1": "dots1",
     "dots3note": "dots3note",
+    "eagle3": "eagle3",
     "ernie4_5": "ernie4_5",
     "ernie4_5-moe": "ernie4_5_moe",
     "eurobert": "eurobert",

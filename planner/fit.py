@@ -24,7 +24,7 @@ from typing import Optional
 from .download import read_model_header
 from .gguf import GGUFHeader
 from .params import Params
-from .reserve import Context, NeedsTarget, create_context, memory_breakdown, sched_reserve_no_alloc
+from .reserve import Context, ContextRefused, create_context, memory_breakdown, sched_reserve_no_alloc
 
 MiB = 1024 * 1024
 UINT32_MAX = 2**32 - 1
@@ -213,7 +213,7 @@ class Fit:
             try:
                 measured = get_device_memory_data(self.extra.path,
                                                   dataclasses.replace(self.extra.params, n_ctx=n_ctx), self.host_total)
-            except NeedsTarget as e:
+            except ContextRefused as e:
                 # the extra model is optional: common/fit.cpp fits the main model alone
                 self.trc(f"failed to measure the memory of the extra model, fitting without it: {e}")
                 self.dmds_extra[n_ctx] = [DeviceMemoryData() for _ in m.dmds]

@@ -59,6 +59,7 @@ ARCHS = {
     "gemma3": "gemma3",
     "gemma3n": "gemma3n",
     "gemma4": "gemma4",
+    "gemma4-assistant": "gemma4_assistant",
     "glm-dsa": "glm_dsa",
     "glm4": "glm4",
     "glm4moe": "glm4moe",

@@ -121,12 +121,16 @@ def check_ctx_other(ml: ModelLoader, model: Model) -> None:
     draft without it, fails, and fits the main model alone)."""
     if model.hparams.arch == "gemma4-assistant":
         raise ContextRefused(f"{ml.header.path}: Gemma4Assistant requires ctx_other to be set: llama.cpp creates the "
-                          f"context of a Gemma 4 assistant only beside its target model, whose token_embd and K/V "
-                          f"cache it reads (llama-server --spec-type draft-mtp -md FILE)")
-    if model.hparams.arch == "eagle3" and (model.tok_embd is None or model.output is None):
-        raise ContextRefused(f"{ml.header.path}: eagle3 requires ctx_other to be set: llama.cpp creates the context of a "
-                          f"head without its own token_embd and output only beside its target model (llama-server "
-                          f"--spec-type draft-eagle3 -md FILE)")
+                             f"context of a Gemma 4 assistant only beside its target model, whose token_embd and K/V "
+                             f"cache it reads (llama-server --spec-type draft-mtp -md FILE)")
+    if model.hparams.arch == "dflash" and model.tok_embd is not None and model.output is not None:
+        raise NotImplementedError("a DFlash drafter with its own token_embd and output (which llama.cpp runs alone) "
+                                  "is not planned")
+    if model.hparams.arch in ("eagle3", "dflash") and (model.tok_embd is None or model.output is None):
+        arch = model.hparams.arch
+        raise ContextRefused(f"{ml.header.path}: {arch} requires ctx_other to be set: llama.cpp creates the context of "
+                             f"a head without its own token_embd and output only beside its target model (llama-server "
+                             f"--spec-type draft-{arch} -md FILE)")
 
 
 def check_mtp_context(ml: ModelLoader, hp: HParams) -> None:

@@ -80,15 +80,13 @@ def speculative_params(model_path: str, params: Params, spec: SpecParams) -> tup
     main context's parameters as they were before fitting. A draft model has its own model
     parameters (common_base_params_to_speculative: -ngld, -otd, -ctkd/-ctvd); both contexts keep
     one output per slot (n_outputs_max = n_parallel; an EAGLE-3 head, an encoder model, n_batch).
-    EAGLE-3 drafting keeps the snapshots too; its head is measured alone, as common_fit_params
-    measures it (a head that needs its target's token_embd or output fails there and is left out).
+    EAGLE-3 and DFlash/DSpark drafting keep the snapshots too; the head is measured alone, as
+    common_fit_params measures it (a head that needs its target's token_embd or output fails there
+    and is left out).
     MTP drafting from a draft model (-md, a Gemma 4 assistant) measures an MTP context of the draft
     alone; an assistant, which reads its target's embedding and cache, fails there and is left out."""
-    unplanned = [t for t in spec.types if t in ("draft-dflash", "draft-dspark")]
-    if unplanned:
-        raise NotImplementedError(f"speculative decoding with {unplanned[0]} (a drafter sidecar) is not planned yet")
-    # need_n_rs_seq: draft-mtp and draft-eagle3 (dflash, dspark too) keep draft.n_max rollback snapshots
-    if "draft-mtp" in spec.types or "draft-eagle3" in spec.types:
+    # need_n_rs_seq: draft-mtp, draft-eagle3, draft-dflash and draft-dspark keep draft.n_max rollback snapshots
+    if any(t in spec.types for t in ("draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")):
         params = dataclasses.replace(params, n_rs_seq=max(0, spec.n_max))
     mtp = "draft-mtp" in spec.types
     if mtp:   # common_model_params_to_llama: load_mtp follows the types, for the model and a draft alike

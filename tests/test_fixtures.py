@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 BUNDLED = REPO / "fixtures" / "gguf"
 # draft heads llama.cpp creates a context for only beside their target (ctx_other): it loads them and
 # refuses the context alone
-NEEDS_TARGET = {"tiny-eagle3-shared", "tiny-gemma4-assistant"}
+NEEDS_TARGET = {"tiny-eagle3-shared", "tiny-gemma4-assistant", "tiny-dflash"}
 
 
 def test_the_configs_we_promise_exist():

@@ -42,6 +42,7 @@ ARCHS = {
     "deepseek2-ocr": "deepseek2ocr",     # llama_model_deepseek2ocr: own loader, deepseek2's graph (models.h)
     "deepseek32": "deepseek32",
     "deepseek4": "deepseek4",
+    "dflash": "dflash",
     "dots1": "dots1",
     "dots3note": "dots3note",
     "eagle3": "eagle3",

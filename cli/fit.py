@@ -87,8 +87,10 @@ def fit(models: tuple[str, ...], model_urls: tuple[str, ...], hf_repos: tuple[st
     flags -ngld, -ctkd, -ctvd, -otd, -cmoed, -ncmoed) the draft and its context, at the model's
     context size, are added to every measurement, as common_fit_params fits its extra model; with
     --spec-type draft-mtp (Qwen3.5) the model's NextN block is loaded and an MTP context over it is
-    fitted the same way. These fit as llama-server fits (--server), and then print llama-server's
-    command line too.
+    fitted the same way. A draft head that reads its target's tensors (an EAGLE-3 head without its
+    own embedding and head, a Gemma 4 assistant, a DFlash drafter) cannot be measured alone, and is
+    left out as common_fit_params leaves it out. These fit as llama-server fits (--server), and then
+    print llama-server's command line too.
 
     \b
     A llama-server command line as it is:  schedplan fit -- llama-server -m MODEL -c 32768 ...

@@ -24,7 +24,7 @@ from typing import Optional
 from .download import read_model_header
 from .gguf import GGUFHeader
 from .params import Params
-from .reserve import Context, create_context, memory_breakdown, sched_reserve_no_alloc
+from .reserve import Context, ContextRefused, create_context, memory_breakdown, sched_reserve_no_alloc
 
 MiB = 1024 * 1024
 UINT32_MAX = 2**32 - 1
@@ -210,8 +210,14 @@ class Fit:
             return m
         if n_ctx not in self.dmds_extra:
             self.trc(f"getting device memory data for the extra model at a context size of {n_ctx}")
-            measured = get_device_memory_data(self.extra.path, dataclasses.replace(self.extra.params, n_ctx=n_ctx),
-                                              self.host_total)
+            try:
+                measured = get_device_memory_data(self.extra.path,
+                                                  dataclasses.replace(self.extra.params, n_ctx=n_ctx), self.host_total)
+            except ContextRefused as e:
+                # the extra model is optional: common/fit.cpp fits the main model alone
+                self.trc(f"failed to measure the memory of the extra model, fitting without it: {e}")
+                self.dmds_extra[n_ctx] = [DeviceMemoryData() for _ in m.dmds]
+                return self.add_extra_memory(m, n_ctx)
             dmds = [DeviceMemoryData() for _ in m.dmds]
             dmds[-1].model, dmds[-1].context, dmds[-1].compute = (measured.dmds[-1].model, measured.dmds[-1].context,
                                                                   measured.dmds[-1].compute)

@@ -166,6 +166,10 @@ class HParams:
     moe_latent_size: int = 0               # nemotron_h_moe: experts work in a smaller latent space
     rope_sections: tuple[int, ...] = (0, 0, 0, 0)
     n_deepstack_layers: int = 0            # qwen3vl(moe): the input rows carry this many extra n_embd blocks
+    n_embd_inp_impl: int = 0               # gemma4-assistant: the input rows are the target's (n_embd_out)
+    n_embd_inp_enc_impl: int = 0           # eagle3: the encoder's input rows (the target's fused hidden states)
+    norm_before_residual: bool = False     # eagle3: the normed target features feed the residual
+    norm_before_fc: bool = False           # eagle3.1: an RMS norm before the feature fusion
     deepstack_mapping_arr: tuple[int, ...] = ()   # granite: per layer, the input block it adds (-1 past the array)
     n_layer_kv_from_start: int = -1        # gemma4: if non-negative, only the first n layers have their own K/V
     n_embd_per_layer: int = 0              # gemma4: per-layer token embeddings (E2B/E4B)
@@ -312,11 +316,17 @@ class HParams:
         return self.ssm_d_state * self.ssm_d_inner
 
     def n_embd_inp(self) -> int:
-        """llama_hparams::n_embd_inp: n_embd plus one n_embd per deepstack layer (uint32_t arithmetic)."""
+        """llama_hparams::n_embd_inp: n_embd_inp_impl where set, else n_embd plus one n_embd per
+        deepstack layer (uint32_t arithmetic)."""
+        if self.n_embd_inp_impl > 0:
+            return self.n_embd_inp_impl
         return (self.n_embd + self.n_embd * self.n_deepstack_layers) & 0xFFFFFFFF
 
     def n_embd_out(self) -> int:
         return self.n_embd_out_impl if self.n_embd_out_impl > 0 else self.n_embd
+    def n_embd_inp_enc(self) -> int:
+        """llama_hparams::n_embd_inp_enc"""
+        return self.n_embd_inp_enc_impl if self.n_embd_inp_enc_impl > 0 else self.n_embd_inp()
 
     def n_pos_per_embd(self) -> int:
         return GGML_MROPE_SECTIONS if self.rope_type in (LLAMA_ROPE_TYPE_MROPE, LLAMA_ROPE_TYPE_IMROPE) else 1

@@ -368,6 +368,11 @@ class Model:
     hc_head_norm: Optional[Tensor] = None           # qwen4exp: the last hyper-connection mixer
     hc_head_down: Optional[Tensor] = None
     hc_head_up: Optional[Tensor] = None
+    fc: Optional[Tensor] = None                     # eagle3: the target features' fusion, and its input norm
+    output_norm_enc: Optional[Tensor] = None
+    d2t: Optional[Tensor] = None                    # eagle3: draft-to-target token ids (I64)
+    nextn_proj_pre: Optional[Tensor] = None         # gemma4-assistant: the target's embedding and state in,
+    nextn_proj_post: Optional[Tensor] = None        # and the next hidden state out at the target's width
     layers: list[Layer] = field(default_factory=list)         # the n_layer layers the graph runs
     layers_nextn: list[Layer] = field(default_factory=list)   # layers[n_layer:n_layer_all] in llama.cpp
     buffers: list[Buffer] = field(default_factory=list)   # in creation order

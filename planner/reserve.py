@@ -16,7 +16,7 @@ from .ggml import GGMLAbort
 from .gguf import GGUFHeader
 from .graph import (LLM_FUSED_OP_DSV4_HC_COMB, LLM_FUSED_OP_DSV4_HC_POST, LLM_FUSED_OP_DSV4_HC_PRE,
                     LLM_FUSED_OP_FLASH_ATTN, GraphContext, Ubatch)
-from .hparams import LLAMA_SWA_TYPE_NONE, HParams
+from .hparams import LLAMA_SWA_TYPE_NONE, HParams, UnsupportedModel
 from .kv_cache import KVCache, create_kv_cache
 from .kv_cache_dsa import KVCacheDSA, KVCacheDSAISWA, create_kv_cache_dsa, create_kv_cache_dsa_iswa
 from .kv_cache_dsv4 import KVCacheDSV4, create_kv_cache_dsv4
@@ -82,11 +82,15 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     ml = ModelLoader(header or read_model_header(model_path, params.header_cache), params.header_cache)
     hp = load_hparams(ml)
     cp = derive_cparams(params, hp)
-    if cp.mtp:
-        check_mtp_context(ml, hp)
     devices = plan_devices(params, hp)
     model = load_tensors(ml, hp, weight_placement(devices, params, hp), lazy_read_buft(params),
                          load_mtp=params.load_mtp)
+    if cp.mtp:
+        check_mtp_context(ml, hp)
+    check_ctx_other(ml, model)   # llama_context's constructor, first
+    if cp.mtp and not hasattr(models.module(hp.arch), "build_mtp"):
+        raise NotImplementedError(f"MTP drafting (--spec-type draft-mtp) of a {hp.arch} model is not planned "
+                                  f"(planned: qwen35, qwen35moe)")
     # the cache is created before the FA probe: "auto" still counts as on (v_trans = !flash_attn)
     kv = create_memory(hp, cp, devices)
     output_size = output_reserve_size(hp, cp)
@@ -103,15 +107,38 @@ def output_reserve_size(hp: HParams, cp: CParams) -> int:
     return n_floats * cp.n_seq_max * 4
 
 
+class ContextRefused(UnsupportedModel):
+    """A draft head llama.cpp loads and creates a context for only beside its target (ctx_other):
+    common_fit_params, which measures its extra model alone, fails there and fits the main model
+    alone, and llama-server then creates the head's context beside the target. (A context llama.cpp
+    refuses for other reasons also leaves fit without its extra model, but the server then fails to
+    create it: the plan refuses those.)"""
+
+
+def check_ctx_other(ml: ModelLoader, model: Model) -> None:
+    """llama_context's constructor: a draft head without its own token_embd or output reads the
+    target's through ctx_other, which only speculative decoding sets (common_fit_params measures the
+    draft without it, fails, and fits the main model alone)."""
+    if model.hparams.arch == "gemma4-assistant":
+        raise ContextRefused(f"{ml.header.path}: Gemma4Assistant requires ctx_other to be set: llama.cpp creates the "
+                             f"context of a Gemma 4 assistant only beside its target model, whose token_embd and K/V "
+                             f"cache it reads (llama-server --spec-type draft-mtp -md FILE)")
+    if model.hparams.arch == "dflash" and model.tok_embd is not None and model.output is not None:
+        raise NotImplementedError("a DFlash drafter with its own token_embd and output (which llama.cpp runs alone) "
+                                  "is not planned")
+    if model.hparams.arch in ("eagle3", "dflash") and (model.tok_embd is None or model.output is None):
+        arch = model.hparams.arch
+        raise ContextRefused(f"{ml.header.path}: {arch} requires ctx_other to be set: llama.cpp creates the context of "
+                             f"a head without its own token_embd and output only beside its target model (llama-server "
+                             f"--spec-type draft-{arch} -md FILE)")
+
+
 def check_mtp_context(ml: ModelLoader, hp: HParams) -> None:
     """An MTP context (LLAMA_CONTEXT_TYPE_MTP, --spec-type draft-mtp): llama_init_from_model
-    refuses it without NextN layers; its graph is planned for the architectures with a build_mtp."""
+    refuses it without NextN layers (its graph is planned for the architectures with a build_mtp)."""
     if hp.n_layer_nextn == 0:
         ml.fail("--spec-type draft-mtp: the model has no multi-token-prediction (NextN) layers "
                 "(nextn_predict_layers is 0): llama.cpp cannot create the MTP context")
-    if not hasattr(models.module(hp.arch), "build_mtp"):
-        raise NotImplementedError(f"MTP drafting (--spec-type draft-mtp) of a {hp.arch} model is not planned "
-                                  f"(planned: qwen35, qwen35moe)")
 
 
 # llm_arch_is_recurrent, llm_arch_is_hybrid (src/llama-arch.cpp), for the planned architectures

@@ -79,23 +79,28 @@ def speculative_params(model_path: str, params: Params, spec: SpecParams) -> tup
     its extra model is an MTP context over the main model's own weights (shares_model), with the
     main context's parameters as they were before fitting. A draft model has its own model
     parameters (common_base_params_to_speculative: -ngld, -otd, -ctkd/-ctvd); both contexts keep
-    one output per slot (n_outputs_max = n_parallel)."""
-    unplanned = [t for t in spec.types if t in ("draft-eagle3", "draft-dflash", "draft-dspark")]
-    if unplanned:
-        raise NotImplementedError(f"speculative decoding with {unplanned[0]} (a drafter sidecar) is not planned yet")
-    if "draft-mtp" in spec.types:
-        if spec.draft_path is not None:
-            raise NotImplementedError("MTP drafting from a separate draft model (-md with --spec-type draft-mtp) "
-                                      "is not planned yet")
-        # need_n_rs_seq: draft-mtp (eagle3, dflash, dspark too) keep draft.n_max rollback snapshots
-        params = dataclasses.replace(params, load_mtp=True, n_rs_seq=max(0, spec.n_max))
-        mtp = dataclasses.replace(params, type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max,
+    one output per slot (n_outputs_max = n_parallel; an EAGLE-3 head, an encoder model, n_batch).
+    EAGLE-3 and DFlash/DSpark drafting keep the snapshots too; the head is measured alone, as
+    common_fit_params measures it (a head that needs its target's token_embd or output fails there
+    and is left out).
+    MTP drafting from a draft model (-md, a Gemma 4 assistant) measures an MTP context of the draft
+    alone; an assistant, which reads its target's embedding and cache, fails there and is left out."""
+    # need_n_rs_seq: draft-mtp, draft-eagle3, draft-dflash and draft-dspark keep draft.n_max rollback snapshots
+    if any(t in spec.types for t in ("draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")):
+        params = dataclasses.replace(params, n_rs_seq=max(0, spec.n_max))
+    mtp = "draft-mtp" in spec.types
+    if mtp:   # common_model_params_to_llama: load_mtp follows the types, for the model and a draft alike
+        params = dataclasses.replace(params, load_mtp=True)
+    if mtp and spec.draft_path is None:
+        ctx = dataclasses.replace(params, type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max,
                                   ctx_type="mtp", n_rs_seq=0)
-        return params, ExtraModel(model_path, mtp, shares_model=True)
+        return params, ExtraModel(model_path, ctx, shares_model=True)
     if spec.draft_path is None:
         return params, None
+    # a draft model with draft-mtp (a Gemma 4 assistant): an MTP context over the draft's own weights
     dft = dataclasses.replace(params, n_gpu_layers=spec.n_gpu_layers, tensor_overrides=spec.tensor_overrides,
-                              type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max)
+                              type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max, n_rs_seq=0,
+                              ctx_type="mtp" if mtp else params.ctx_type)
     return params, ExtraModel(spec.draft_path, dft, shares_model=False)
 
 

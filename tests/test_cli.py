@@ -528,6 +528,21 @@ def test_a_file_of_the_mtp_blocks_alone_is_refused_in_one_line(tmp_path, name):
     assert_cli_error(invoke(path), "only the multi-token-prediction blocks", "draft model")
 
 
+@pytest.mark.parametrize("name,needles", [
+    ("tiny-eagle3-shared", ("eagle3 requires ctx_other to be set", "--spec-type draft-eagle3 -md FILE")),
+    ("tiny-gemma4-assistant", ("Gemma4Assistant requires ctx_other to be set", "--spec-type draft-mtp -md FILE")),
+    ("tiny-dflash", ("dflash requires ctx_other to be set", "--spec-type draft-dflash -md FILE")),
+])
+def test_a_draft_head_that_reads_its_target_is_refused_alone_in_one_line(name, needles):
+    """An EAGLE-3 head or a DFlash drafter without token_embd and output, and a Gemma 4 assistant, read their target's
+    tensors (and the assistant its K/V cache) through ctx_other: real llama.cpp loads them and refuses
+    their context alone ("... requires ctx_other to be set", seen: tests/test_fixtures.py and the
+    assistant's refused goldens); the plan refuses it in one line naming the speculative decoding it
+    needs."""
+    from fixtures.make_gguf import header_path
+    assert_cli_error(invoke(header_path(name), "-c", "4096"), *needles)
+
+
 @pytest.mark.parametrize("key,value,needles", [
     ("attention.compress_ratios", [0, 0, 128, 128, 0, 0], ("SIGFPE", "build_input_k_rot")),
     ("attention.compress_ratios", [0, 0, 4, 128], ("compress_ratios is shorter than block_count",)),

@@ -100,10 +100,10 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-bert", "tiny-bert-rerank", "tiny-nomic-bert", "tiny-nomic-bert-moe", "tiny-jina-bert-v2",
                "tiny-jina-bert-v3", "tiny-modern-bert", "tiny-neo-bert", "tiny-eurobert", "tiny-gemma-embedding",
                "tiny-t5", "tiny-t5encoder", "tiny-qwen3tts", "tiny-pockettts", "tiny-wavtokenizer-dec",
-               "tiny-pangu-embedded", "tiny-llama-embed", "tiny-dream", "tiny-llada", "tiny-llada-moe", "tiny-rnd1"]
+               "tiny-pangu-embedded", "tiny-llama-embed", "tiny-dream", "tiny-llada", "tiny-llada-moe", "tiny-rnd1", "tiny-eagle3"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear",
                 "jamba", "plamo2", "minimax-01", "bailingmoe3", "dots3note", "apertus", "spark2_5",
-                "maple", "qwen4exp", "gemma3n", "openelm", "deci", "wavtokenizer-dec"}
+                "maple", "qwen4exp", "gemma3n", "openelm", "deci", "wavtokenizer-dec", "eagle3"}
 
 
 def random_arch_config(rng: random.Random, name: str) -> dict:

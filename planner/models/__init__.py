@@ -42,8 +42,10 @@ ARCHS = {
     "deepseek2-ocr": "deepseek2ocr",     # llama_model_deepseek2ocr: own loader, deepseek2's graph (models.h)
     "deepseek32": "deepseek32",
     "deepseek4": "deepseek4",
+    "dflash": "dflash",
     "dots1": "dots1",
     "dots3note": "dots3note",
+    "eagle3": "eagle3",
     "ernie4_5": "ernie4_5",
     "ernie4_5-moe": "ernie4_5_moe",
     "eurobert": "eurobert",
@@ -58,6 +60,7 @@ ARCHS = {
     "gemma3": "gemma3",
     "gemma3n": "gemma3n",
     "gemma4": "gemma4",
+    "gemma4-assistant": "gemma4_assistant",
     "glm-dsa": "glm_dsa",
     "glm4": "glm4",
     "glm4moe": "glm4moe",

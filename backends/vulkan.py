@@ -430,10 +430,6 @@ FUSED_NEXT = {("MUL_MAT", "ADD"), ("MUL_MAT_ID", "ADD_ID"), ("MUL_MAT_ID", "MUL"
 UNARY_MUL_OPS = {8, 7, 10, 15}      # GELU, SIGMOID, SILU, SOFTPLUS: ggml_vk_unary_mul_op_index >= 0 (vk:9953)
 
 
-def _base(t: Tensor) -> Tensor:
-    return t.view_src if t.view_src is not None else t
-
-
 def _earlier_reads(nodes: list[Tensor]) -> tuple[list[list[int]], list[list[int]]]:
     """is_src_of (vk:14676-14698) over a split's nodes, by index: for each j, the c < j (ascending)
     such that node j reads node c, or their storage may overlap (a view of one reads what the other
@@ -445,24 +441,29 @@ def _earlier_reads(nodes: list[Tensor]) -> tuple[list[list[int]], list[list[int]
     nonempty_of_root: dict[Tensor, list[int]] = {}   # the same, the non-empty nodes only
     readers: dict[Tensor, list[int]] = {}            # storage root -> the non-empty nodes reading it
     earlier: list[list[int]] = []
+    later: list[list[int]] = [[] for _ in nodes]
     for j, t in enumerate(nodes):
-        root = _base(t)
-        srcs = [x for x in t.src if x is not None]
-        cands = {index[x] for x in srcs if x in index}          # dst->src[s] == src
-        cands.update(of_root.get(root, ()))                     # base(dst) == base(src)
-        if t.op not in EMPTY_OPS:
-            src_roots = [_base(x) for x in srcs]
-            for r in src_roots:                                 # base(dst->src[s]) == base(src)
-                cands.update(nonempty_of_root.get(r, ()))
+        root = t if t.view_src is None else t.view_src
+        cands = set(of_root.get(root, ()))                      # base(dst) == base(src)
+        if t.op in EMPTY_OPS:
+            for x in t.src:
+                if x is not None and x in index:                # dst->src[s] == src
+                    cands.add(index[x])
+        else:
             cands.update(readers.get(root, ()))                 # base(dst) == base(src->src[s])
-            nonempty_of_root.setdefault(root, []).append(j)
-            for r in src_roots:
+            for x in t.src:
+                if x is None:
+                    continue
+                if x in index:                                  # dst->src[s] == src
+                    cands.add(index[x])
+                r = x if x.view_src is None else x.view_src
+                cands.update(nonempty_of_root.get(r, ()))       # base(dst->src[s]) == base(src)
                 readers.setdefault(r, []).append(j)
+            nonempty_of_root.setdefault(root, []).append(j)
         of_root.setdefault(root, []).append(j)
         index[t] = j
-        earlier.append(sorted(cands))
-    later: list[list[int]] = [[] for _ in nodes]
-    for j, cs in enumerate(earlier):
+        cs = sorted(cands)
+        earlier.append(cs)
         for c in cs:
             later[c].append(j)
     return earlier, later
@@ -497,8 +498,9 @@ def graph_optimize(nodes: list[Tensor], add_alloc_dep, counts: dict[Tensor, int]
     first_unused = 0
 
     # the patterns whose ops start at each index (the nodes must still be unused to match)
-    at: list[list[tuple[str, ...]]] = [[p for p in PATTERNS_BY_FIRST_OP.get(op, ()) if tuple(ops[i:i + len(p)]) == p]
-                                       for i, op in enumerate(ops)]
+    at: list[list[tuple[str, ...]]] = [
+        [p for p in PATTERNS_BY_FIRST_OP[op] if tuple(ops[i:i + len(p)]) == p] if op in PATTERNS_BY_FIRST_OP else []
+        for i, op in enumerate(ops)]
 
     def match(pattern, start: int) -> bool:
         return pattern in at[start] and not any(used[start:start + len(pattern)])
@@ -573,10 +575,10 @@ def graph_optimize(nodes: list[Tensor], add_alloc_dep, counts: dict[Tensor, int]
                 continue
             if pending[j]:
                 # j may join only if its one unused dependency is the set's last node and they fuse
-                if pending[j] > 1:
+                last = current[-1]
+                if pending[j] > 1 or used[last] or last not in earlier[j]:
                     continue
-                c = next(c for c in earlier[j] if not used[c])
-                if not _may_follow(nodes, c, j, current[-1], settled_between):
+                if not _may_follow(nodes, last, j, settled_between):
                     continue
             current.append(j)
             _pull_forward(nodes, j, current, used, mark_used, done, counts, earlier)
@@ -585,17 +587,20 @@ def graph_optimize(nodes: list[Tensor], add_alloc_dep, counts: dict[Tensor, int]
             for j in window:
                 if used[j] or not empty[j]:
                     continue
-                if not pending[j] or all(used[c] or c in current for c in earlier[j]):
+                if pending[j]:      # every dependency not yet scheduled must be in the set
+                    for c in earlier[j]:
+                        if not used[c] and c not in current:
+                            break
+                    else:
+                        current.append(j)
+                else:
                     current.append(j)
         take(current)
     nodes[:] = new_order
 
 
-def _may_follow(nodes: list[Tensor], c: int, j: int, last: int, settled_between) -> bool:
-    """The dependencies that let j join c's set (vk:14866-14878): c is the set's last node and the
-    pair fuses."""
-    if c != last:
-        return False
+def _may_follow(nodes: list[Tensor], c: int, j: int, settled_between) -> bool:
+    """The dependencies that let j join the set whose last node c is (vk:14866-14878): the pair fuses."""
     a, b = nodes[c].op, nodes[j].op
     if b == "MUL" and a in ("RMS_NORM", "UNARY"):
         return settled_between(c + 1, j)

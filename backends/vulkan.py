@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Optional
 
 from .layout import (
@@ -430,17 +430,17 @@ FUSED_NEXT = {("MUL_MAT", "ADD"), ("MUL_MAT_ID", "ADD_ID"), ("MUL_MAT_ID", "MUL"
 UNARY_MUL_OPS = {8, 7, 10, 15}      # GELU, SIGMOID, SILU, SOFTPLUS: ggml_vk_unary_mul_op_index >= 0 (vk:9953)
 
 
-def _earlier_reads(nodes: list[Tensor]) -> tuple[list[list[int]], list[list[int]]]:
-    """is_src_of (vk:14676-14698) over a split's nodes, by index: for each j, the c < j (ascending)
-    such that node j reads node c, or their storage may overlap (a view of one reads what the other
+def _earlier_reads(nodes: list[Tensor]) -> tuple[list[set[int]], list[list[int]]]:
+    """is_src_of (vk:14676-14698) over a split's nodes, by index: for each j, the set of c < j such
+    that node j reads node c, or their storage may overlap (a view of one reads what the other
     writes, or both view one tensor). graph_optimize asks it of every pair in a window of 20 nodes;
-    the lists are found in one pass, through the earlier nodes indexed by their storage roots,
-    instead of pair by pair. Also the converse: for each c, the j > c whose lists hold it."""
+    the sets are found in one pass, through the earlier nodes indexed by their storage roots,
+    instead of pair by pair. Also the converse: for each c, the j > c whose sets hold it."""
     index: dict[Tensor, int] = {}
     of_root: dict[Tensor, list[int]] = {}            # storage root -> the nodes of that root
     nonempty_of_root: dict[Tensor, list[int]] = {}   # the same, the non-empty nodes only
     readers: dict[Tensor, list[int]] = {}            # storage root -> the non-empty nodes reading it
-    earlier: list[list[int]] = []
+    earlier: list[set[int]] = []
     later: list[list[int]] = [[] for _ in nodes]
     for j, t in enumerate(nodes):
         root = t if t.view_src is None else t.view_src
@@ -462,9 +462,8 @@ def _earlier_reads(nodes: list[Tensor]) -> tuple[list[list[int]], list[list[int]
             nonempty_of_root.setdefault(root, []).append(j)
         of_root.setdefault(root, []).append(j)
         index[t] = j
-        cs = sorted(cands)
-        earlier.append(cs)
-        for c in cs:
+        earlier.append(cands)
+        for c in cands:
             later[c].append(j)
     return earlier, later
 
@@ -608,7 +607,7 @@ def _may_follow(nodes: list[Tensor], c: int, j: int, settled_between) -> bool:
 
 
 def _pull_forward(nodes: list[Tensor], j: int, current: list[int], used: list[bool], mark_used, done: set[Tensor],
-                  counts: dict[Tensor, int], earlier: list[list[int]]) -> None:
+                  counts: dict[Tensor, int], earlier: list[set[int]]) -> None:
     """After taking node j, pull its fusion partners into the set (vk:14880-14995)."""
     n = len(nodes)
 
@@ -686,7 +685,7 @@ def vulkan_backend(index: int, memory: int, dev: VulkanDevice, host_buft: Buffer
     """Device Vulkan<index> with `memory` bytes free. All Vulkan devices share device 0's Vulkan_Host."""
     name = f"Vulkan{index}"
     buft = BufferType(name, dev.min_storage_buffer_offset_alignment, dev.suballocation_block_size, device=name)
-    return Backend(name, "IGPU" if dev.integrated else "GPU", buft, supports_op=lambda t: supports_op(dev, t),
+    return Backend(name, "IGPU" if dev.integrated else "GPU", buft, supports_op=partial(supports_op, dev),
                    supports_buft=lambda b: b is buft, offload_op=offload_op, host_buft=host_buft,
                    is_async_with_events=True, device_name=name, memory=memory, graph_optimize=graph_optimize,
                    mmap_support=not dev.integrated)

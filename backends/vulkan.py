@@ -548,24 +548,23 @@ def graph_optimize(nodes: list[Tensor], add_alloc_dep, counts: dict[Tensor, int]
                 or any(match(TOPK_QSA, i) for i in qsa_covering.get(j, ())))
 
     while first_unused < n:
-        # no pattern starts at first_unused when its op starts none (`at`): the pattern tests are skipped
-        pattern = at[first_unused] and next((p for p in TOPK_MOE_PATTERNS if match(p, first_unused)), None)  # vk:14772
-        if pattern:
-            last = first_unused + len(pattern) - 1
-            if last + 1 < n and nodes[last + 1].op == "SCALE":     # a trailing scale fused too
-                last += 1
-            keep_alive(pattern, last)
-            take(range(first_unused, first_unused + len(pattern)))
-            continue
-        pattern = at[first_unused] and next((p for p in (SNAKE, TOPK_QSA, *KEEP_PATTERNS) if match(p, first_unused)),
-                                            None)
-        if pattern:
-            take(range(first_unused, first_unused + len(pattern)))
-            continue
-        if at[first_unused] and match(HC_POST_GATE, first_unused):
-            keep_alive(HC_POST_GATE, first_unused + len(HC_POST_GATE) - 1)
-            take(range(first_unused, first_unused + len(HC_POST_GATE)))
-            continue
+        if at[first_unused]:      # a pattern starts at first_unused (none can where `at` lists none)
+            pattern = next((p for p in TOPK_MOE_PATTERNS if match(p, first_unused)), None)     # vk:14772-14796
+            if pattern is not None:
+                last = first_unused + len(pattern) - 1
+                if last + 1 < n and nodes[last + 1].op == "SCALE":     # a trailing scale fused too
+                    last += 1
+                keep_alive(pattern, last)
+                take(range(first_unused, first_unused + len(pattern)))
+                continue
+            pattern = next((p for p in (SNAKE, TOPK_QSA, *KEEP_PATTERNS) if match(p, first_unused)), None)
+            if pattern is not None:
+                take(range(first_unused, first_unused + len(pattern)))
+                continue
+            if match(HC_POST_GATE, first_unused):
+                keep_alive(HC_POST_GATE, first_unused + len(HC_POST_GATE) - 1)
+                take(range(first_unused, first_unused + len(HC_POST_GATE)))
+                continue
 
         current = [first_unused]
         window = range(first_unused + 1, min(first_unused + NUM_TO_CHECK, n))

@@ -6,15 +6,18 @@ ggml/src/ggml-impl.h: ggml_are_same_layout 75, ggml_op_is_empty 90.
 """
 from __future__ import annotations
 
-from ..planner.ggml import FLAG_OUTPUT, Tensor, blck_size, is_contiguous_m_n, type_name, type_size
+from ..planner.ggml import FLAG_OUTPUT, T, Tensor, blck_size, is_contiguous_m_n, type_name, type_size
 
 GGML_MAX_SRC = 10
 EMPTY_OPS = frozenset({"NONE", "RESHAPE", "TRANSPOSE", "VIEW", "PERMUTE"})
 
 
+_UPPER_NAMES = {int(t): type_name(t).upper() for t in T}
+
+
 def tname(t: Tensor) -> str:
     """The ggml type name in upper case ("F32", "Q4_0"), as the C switches spell it."""
-    return type_name(t.type).upper()
+    return _UPPER_NAMES[t.type]
 
 
 def op_is_empty(op: str) -> bool:

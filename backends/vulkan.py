@@ -23,9 +23,9 @@ from the align=/mapalign=/maxalloc= keys, or else from the defaults DEFAULT_DEVI
 """
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
+from functools import cached_property, partial
 from typing import Optional
 
 from .layout import (
@@ -83,6 +83,20 @@ class VulkanDevice:
     def buffer_limit(self) -> int:
         """device->max_buffer_size, the size test of supports_op."""
         return self.max_buffer_size if self.max_buffer_size is not None else self.max_alloc
+
+    @cached_property
+    def size_limit(self) -> int:
+        """The largest tensor supports_op's size test lets an op bind (tensor_size_supported, vk:15307):
+        max_buffer_size, and maxStorageBufferRange unless shader64BitIndexing lifts it."""
+        if self.shader_64bit_indexing:
+            return self.buffer_limit
+        return min(self.buffer_limit, self.max_storage_buffer_range)
+
+    @cached_property
+    def im2col_size_limit(self) -> int:
+        """The same for IM2COL and IM2COL_3D, whose shaders address through buffer device addresses
+        (no storage-range limit) where the device has them and int64 (uses_bda, vk:15304)."""
+        return self.buffer_limit if self.shader_int64 and self.buffer_device_address else self.size_limit
 
     @property
     def suballocation_block_size(self) -> int:
@@ -163,18 +177,24 @@ def _dim01_contiguous(t: Tensor) -> bool:
             and (t.ne[3] == 1 or t.nb[3] == t.nb[2] * t.ne[2]))
 
 
-def _size_supported(dev: VulkanDevice, t: Tensor, nbytes: int) -> bool:
-    if nbytes > dev.buffer_limit:
-        return False
-    uses_bda = t.op in ("IM2COL", "IM2COL_3D") and dev.shader_int64 and dev.buffer_device_address
-    return uses_bda or dev.shader_64bit_indexing or nbytes <= dev.max_storage_buffer_range
+# the ops supports_op takes whenever their tensors pass the size test (vk:15633-15640, 15828-15830)
+ALWAYS_SUPPORTED = frozenset({"ROPE_BACK", "NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "RMS_NORM", "RWKV_WKV6",
+                              "RWKV_WKV7"})
 
 
 def supports_op(dev: VulkanDevice, t: Tensor) -> bool:
     """ggml_backend_vk_device_supports_op (vk:15300-15960)."""
-    if not all(_size_supported(dev, t, x.nbytes) for x in (*(s for s in t.src[:GGML_MAX_SRC] if s is not None), t)):
+    op = t.op
+    # tensor_size_supported of every src and of the node (the device's size_limit)
+    limit = dev.im2col_size_limit if op in ("IM2COL", "IM2COL_3D") else dev.size_limit
+    if t.nbytes > limit:
         return False
-    op, s0, s1 = t.op, src(t, 0), src(t, 1)
+    for x in t.src[:GGML_MAX_SRC]:
+        if x is not None and x.nbytes > limit:
+            return False
+    if op in ALWAYS_SUPPORTED:
+        return True
+    s0, s1 = src(t, 0), src(t, 1)
     a, dst = tname(s0) if s0 is not None else None, tname(t)
     if op == "UNARY":
         return op_param(t, 0) < N_UNARY_OPS and a in FLOAT16_32 and a == dst
@@ -221,8 +241,6 @@ def supports_op(dev: VulkanDevice, t: Tensor) -> bool:
         return dst == "F32" and a == "F32"
     if op == "ROPE":
         return is_contiguous_rows(t) and is_contiguous_rows(s0)
-    if op in ("ROPE_BACK", "NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "RMS_NORM"):
-        return True
     if op == "GROUP_NORM":
         return is_contiguous(s0)
     if op in ("NORM", "L2_NORM"):
@@ -299,8 +317,6 @@ def supports_op(dev: VulkanDevice, t: Tensor) -> bool:
         return a in FLOAT16_32 and tname(s1) == "F32"
     if op in ("POOL_1D", "POOL_2D"):
         return is_contiguous(s0) and a == "F32"
-    if op in ("RWKV_WKV6", "RWKV_WKV7"):
-        return True
     if op == "GATED_LINEAR_ATTN":
         return a == "F32" and dst == "F32" and s0.ne[0] == 64
     if op == "LIGHTNING_INDEXER":
@@ -414,49 +430,42 @@ FUSED_NEXT = {("MUL_MAT", "ADD"), ("MUL_MAT_ID", "ADD_ID"), ("MUL_MAT_ID", "MUL"
 UNARY_MUL_OPS = {8, 7, 10, 15}      # GELU, SIGMOID, SILU, SOFTPLUS: ggml_vk_unary_mul_op_index >= 0 (vk:9953)
 
 
-def _base(t: Tensor) -> Tensor:
-    return t.view_src if t.view_src is not None else t
-
-
-class _Reads:
-    """is_src_of (vk:14676-14698) over a split's nodes, by index: node j reads node c, or their storage
-    may overlap (a view of one reads what the other writes, or both view one tensor). graph_optimize
-    asks it of every pair in a window of 20 nodes; earlier(j) lists, once per j, the c < j it holds
-    for, found through indexes of the nodes by their storage roots instead of pair by pair."""
-
-    def __init__(self, nodes: list[Tensor]) -> None:
-        self.nodes = nodes
-        self.base = [id(_base(t)) for t in nodes]
-        self.empty = [t.op in EMPTY_OPS for t in nodes]
-        self.index = {id(t): i for i, t in enumerate(nodes)}
-        self.by_base: dict[int, list[int]] = {}        # storage root -> the nodes of that root
-        self.by_src_base: dict[int, list[int]] = {}    # storage root -> the non-empty nodes reading it
-        for i, t in enumerate(nodes):
-            self.by_base.setdefault(self.base[i], []).append(i)
-            if not self.empty[i]:
-                for x in t.src:
-                    if x is not None:
-                        self.by_src_base.setdefault(id(_base(x)), []).append(i)
-        self._earlier: dict[int, list[int]] = {}
-
-    def earlier(self, j: int) -> list[int]:
-        """The c < j with is_src_of(nodes[j], nodes[c]), ascending."""
-        found = self._earlier.get(j)
-        if found is None:
-            srcs = [x for x in self.nodes[j].src if x is not None]
-            cands = {self.index[id(x)] for x in srcs if id(x) in self.index}
-            cands.update(self.by_base[self.base[j]])
-            if not self.empty[j]:
-                for x in srcs:
-                    cands.update(c for c in self.by_base.get(id(_base(x)), ()) if not self.empty[c])
-                cands.update(self.by_src_base.get(self.base[j], ()))
-            found = self._earlier[j] = sorted(c for c in cands if c < j)
-        return found
-
-    def unsettled(self, j: int, first_unused: int, used: list[bool]) -> list[int]:
-        """earlier(j) from first_unused on, less the nodes already taken."""
-        cs = self.earlier(j)
-        return [c for c in cs[bisect.bisect_left(cs, first_unused):] if not used[c]]
+def _earlier_reads(nodes: list[Tensor]) -> tuple[list[set[int]], list[list[int]]]:
+    """is_src_of (vk:14676-14698) over a split's nodes, by index: for each j, the set of c < j such
+    that node j reads node c, or their storage may overlap (a view of one reads what the other
+    writes, or both view one tensor). graph_optimize asks it of every pair in a window of 20 nodes;
+    the sets are found in one pass, through the earlier nodes indexed by their storage roots,
+    instead of pair by pair. Also the converse: for each c, the j > c whose sets hold it."""
+    index: dict[Tensor, int] = {}
+    of_root: dict[Tensor, list[int]] = {}            # storage root -> the nodes of that root
+    nonempty_of_root: dict[Tensor, list[int]] = {}   # the same, the non-empty nodes only
+    readers: dict[Tensor, list[int]] = {}            # storage root -> the non-empty nodes reading it
+    earlier: list[set[int]] = []
+    later: list[list[int]] = [[] for _ in nodes]
+    for j, t in enumerate(nodes):
+        root = t if t.view_src is None else t.view_src
+        cands = set(of_root.get(root, ()))                      # base(dst) == base(src)
+        if t.op in EMPTY_OPS:
+            for x in t.src:
+                if x is not None and x in index:                # dst->src[s] == src
+                    cands.add(index[x])
+        else:
+            cands.update(readers.get(root, ()))                 # base(dst) == base(src->src[s])
+            for x in t.src:
+                if x is None:
+                    continue
+                if x in index:                                  # dst->src[s] == src
+                    cands.add(index[x])
+                r = x if x.view_src is None else x.view_src
+                cands.update(nonempty_of_root.get(r, ()))       # base(dst->src[s]) == base(src)
+                readers.setdefault(r, []).append(j)
+            nonempty_of_root.setdefault(root, []).append(j)
+        of_root.setdefault(root, []).append(j)
+        index[t] = j
+        earlier.append(cands)
+        for c in cands:
+            later[c].append(j)
+    return earlier, later
 
 
 def _can_fuse_unary_mul(nodes: list[Tensor], u: int, m: int) -> bool:
@@ -477,15 +486,20 @@ def graph_optimize(nodes: list[Tensor], add_alloc_dep, counts: dict[Tensor, int]
     (cgraph->use_counts, which a split's graph view shares)."""
     n = len(nodes)
     ops = [t.op for t in nodes]
-    reads = _Reads(nodes)
+    empty = [op in EMPTY_OPS for op in ops]
+    # is_src_of(nodes[j], nodes[c]) for c < j; the C asks it of the c in [first_unused, j) that are
+    # unused, and every c before first_unused is used, so "unused" alone selects them here
+    earlier, later = _earlier_reads(nodes)
     used = [False] * n
+    pending = [len(cs) for cs in earlier]     # per j, how many of earlier[j] are still unused
     new_order: list[Tensor] = []
     done: set[Tensor] = set()       # used_node_set
     first_unused = 0
 
     # the patterns whose ops start at each index (the nodes must still be unused to match)
-    at: list[list[tuple[str, ...]]] = [[p for p in PATTERNS_BY_FIRST_OP.get(op, ()) if tuple(ops[i:i + len(p)]) == p]
-                                       for i, op in enumerate(ops)]
+    at: list[list[tuple[str, ...]]] = [
+        [p for p in PATTERNS_BY_FIRST_OP[op] if tuple(ops[i:i + len(p)]) == p] if op in PATTERNS_BY_FIRST_OP else []
+        for i, op in enumerate(ops)]
 
     def match(pattern, start: int) -> bool:
         return pattern in at[start] and not any(used[start:start + len(pattern)])
@@ -494,12 +508,18 @@ def graph_optimize(nodes: list[Tensor], add_alloc_dep, counts: dict[Tensor, int]
         """empty_or_scheduled_between (vk:14705)"""
         return all(used[v] or op_is_empty(nodes[v].op) for v in range(lo, hi))
 
+    def mark_used(i: int) -> None:
+        if not used[i]:
+            used[i] = True
+            for j in later[i]:
+                pending[j] -= 1
+
     def take(idxs) -> None:
         nonlocal first_unused
         for i in idxs:
             new_order.append(nodes[i])
             done.add(nodes[i])
-            used[i] = True
+            mark_used(i)
         while first_unused < n and used[first_unused]:
             first_unused += 1
 
@@ -528,56 +548,65 @@ def graph_optimize(nodes: list[Tensor], add_alloc_dep, counts: dict[Tensor, int]
                 or any(match(TOPK_QSA, i) for i in qsa_covering.get(j, ())))
 
     while first_unused < n:
-        pattern = next((p for p in TOPK_MOE_PATTERNS if match(p, first_unused)), None)     # vk:14772-14796
-        if pattern is not None:
-            last = first_unused + len(pattern) - 1
-            if last + 1 < n and nodes[last + 1].op == "SCALE":     # a trailing scale fused too
-                last += 1
-            keep_alive(pattern, last)
-            take(range(first_unused, first_unused + len(pattern)))
-            continue
-        pattern = next((p for p in (SNAKE, TOPK_QSA, *KEEP_PATTERNS) if match(p, first_unused)), None)
-        if pattern is not None:
-            take(range(first_unused, first_unused + len(pattern)))
-            continue
-        if match(HC_POST_GATE, first_unused):
-            keep_alive(HC_POST_GATE, first_unused + len(HC_POST_GATE) - 1)
-            take(range(first_unused, first_unused + len(HC_POST_GATE)))
-            continue
+        if at[first_unused]:      # a pattern starts at first_unused (none can where `at` lists none)
+            pattern = next((p for p in TOPK_MOE_PATTERNS if match(p, first_unused)), None)     # vk:14772-14796
+            if pattern is not None:
+                last = first_unused + len(pattern) - 1
+                if last + 1 < n and nodes[last + 1].op == "SCALE":     # a trailing scale fused too
+                    last += 1
+                keep_alive(pattern, last)
+                take(range(first_unused, first_unused + len(pattern)))
+                continue
+            pattern = next((p for p in (SNAKE, TOPK_QSA, *KEEP_PATTERNS) if match(p, first_unused)), None)
+            if pattern is not None:
+                take(range(first_unused, first_unused + len(pattern)))
+                continue
+            if match(HC_POST_GATE, first_unused):
+                keep_alive(HC_POST_GATE, first_unused + len(HC_POST_GATE) - 1)
+                take(range(first_unused, first_unused + len(HC_POST_GATE)))
+                continue
 
         current = [first_unused]
-        for j in range(first_unused + 1, min(first_unused + NUM_TO_CHECK, n)):
-            if used[j] or ops[j] in EMPTY_OPS or (may_be_protected[j] and protected(j)):
+        window = range(first_unused + 1, min(first_unused + NUM_TO_CHECK, n))
+        for j in window:
+            if used[j] or empty[j] or (may_be_protected[j] and protected(j)):
                 continue
-            if any(not _may_follow(nodes, c, j, current[-1], settled_between)
-                   for c in reads.unsettled(j, first_unused, used)):
-                continue
-            current.append(j)
-            _pull_forward(nodes, j, current, used, done, counts, reads)
-        # second pass: views, unless that would split ADD -> ADD or ADD -> RMS_NORM (vk:15005-15027)
-        if nodes[current[-1]].op != "ADD":
-            for j in range(first_unused + 1, min(first_unused + NUM_TO_CHECK, n)):
-                if used[j] or ops[j] not in EMPTY_OPS:
+            if pending[j]:
+                # j may join only if its one unused dependency is the set's last node and they fuse
+                last = current[-1]
+                if pending[j] > 1 or used[last] or last not in earlier[j]:
                     continue
-                if not any(c not in current for c in reads.unsettled(j, first_unused, used)):
+                if not _may_follow(nodes, last, j, settled_between):
+                    continue
+            current.append(j)
+            _pull_forward(nodes, j, current, used, mark_used, done, counts, earlier)
+        # second pass: views, unless that would split ADD -> ADD or ADD -> RMS_NORM (vk:15005-15027)
+        if ops[current[-1]] != "ADD":
+            for j in window:
+                if used[j] or not empty[j]:
+                    continue
+                if pending[j]:      # every dependency not yet scheduled must be in the set
+                    for c in earlier[j]:
+                        if not used[c] and c not in current:
+                            break
+                    else:
+                        current.append(j)
+                else:
                     current.append(j)
         take(current)
     nodes[:] = new_order
 
 
-def _may_follow(nodes: list[Tensor], c: int, j: int, last: int, settled_between) -> bool:
-    """The dependencies that let j join c's set (vk:14866-14878): c is the set's last node and the
-    pair fuses."""
-    if c != last:
-        return False
+def _may_follow(nodes: list[Tensor], c: int, j: int, settled_between) -> bool:
+    """The dependencies that let j join the set whose last node c is (vk:14866-14878): the pair fuses."""
     a, b = nodes[c].op, nodes[j].op
     if b == "MUL" and a in ("RMS_NORM", "UNARY"):
         return settled_between(c + 1, j)
     return j == c + 1 and (a, b) in FUSED_NEXT
 
 
-def _pull_forward(nodes: list[Tensor], j: int, current: list[int], used: list[bool], done: set[Tensor],
-                  counts: dict[Tensor, int], reads: _Reads) -> None:
+def _pull_forward(nodes: list[Tensor], j: int, current: list[int], used: list[bool], mark_used, done: set[Tensor],
+                  counts: dict[Tensor, int], earlier: list[set[int]]) -> None:
     """After taking node j, pull its fusion partners into the set (vk:14880-14995)."""
     n = len(nodes)
 
@@ -585,7 +614,7 @@ def _pull_forward(nodes: list[Tensor], j: int, current: list[int], used: list[bo
         for k in k_range:
             if pred(nodes[k]):
                 current.append(k)
-                used[k] = True
+                mark_used(k)
                 return
 
     def ready(t: Tensor) -> bool:     # a weight, or computed already
@@ -599,7 +628,7 @@ def _pull_forward(nodes: list[Tensor], j: int, current: list[int], used: list[bo
                     and (src(r, 2) is None or r.src[2].op == "NONE")):
                 rope_idx = k
                 current.append(k)
-                used[k] = True
+                mark_used(k)
                 break
     if nodes[rope_idx].op in ("ROPE", "RMS_NORM"):  # ROPE/RMS_NORM + VIEW + SET_ROWS, made consecutive
         view_idx = set_rows_idx = -1
@@ -616,11 +645,12 @@ def _pull_forward(nodes: list[Tensor], j: int, current: list[int], used: list[bo
             idxs = [rope_idx, view_idx, set_rows_idx]
             can_pull = can_fuse_subgraph(nodes, idxs, [nodes[rope_idx].op, "VIEW", "SET_ROWS"], [set_rows_idx], counts)
             if any(rope_idx < c and not used[c] and c != view_idx and not op_is_empty(nodes[c].op)
-                   for c in reads.earlier(set_rows_idx)):
+                   for c in earlier[set_rows_idx]):
                 can_pull = False
             if can_pull:
                 current += [view_idx, set_rows_idx]
-                used[view_idx] = used[set_rows_idx] = True
+                mark_used(view_idx)
+                mark_used(set_rows_idx)
     window = range(j + 1, min(j + 15, n))
     if j > 0 and nodes[j].op == "ADD_ID" and nodes[j - 1].op == "MUL_MAT_ID":      # MUL_MAT_ID + ADD_ID + MUL
         pull_first(window, lambda k: k.op == "MUL" and k.src[0] is nodes[j] and ready(k.src[1]))
@@ -638,7 +668,7 @@ def _pull_forward(nodes: list[Tensor], j: int, current: list[int], used: list[bo
             if not _can_fuse_unary_mul(nodes, j, k):
                 continue
             current.append(k)
-            used[k] = True
+            mark_used(k)
             break
 
 
@@ -654,7 +684,7 @@ def vulkan_backend(index: int, memory: int, dev: VulkanDevice, host_buft: Buffer
     """Device Vulkan<index> with `memory` bytes free. All Vulkan devices share device 0's Vulkan_Host."""
     name = f"Vulkan{index}"
     buft = BufferType(name, dev.min_storage_buffer_offset_alignment, dev.suballocation_block_size, device=name)
-    return Backend(name, "IGPU" if dev.integrated else "GPU", buft, supports_op=lambda t: supports_op(dev, t),
+    return Backend(name, "IGPU" if dev.integrated else "GPU", buft, supports_op=partial(supports_op, dev),
                    supports_buft=lambda b: b is buft, offload_op=offload_op, host_buft=host_buft,
                    is_async_with_events=True, device_name=name, memory=memory, graph_optimize=graph_optimize,
                    mmap_support=not dev.integrated)

@@ -12,7 +12,9 @@ extension's own one; either is read, as the driver fills both.
 """
 from __future__ import annotations
 
+import functools
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,6 +28,20 @@ class BadProfile(ValueError):
 
 
 def read_profile(path: str) -> VulkanDevice:
+    """The device a profile file describes. A file read before and unchanged since (same size and
+    modification time) is not parsed again: the command validates its --device specs before planning
+    with them, and fit plans a model many times."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise BadProfile(f"{path}: {e.strerror or e}") from None
+    return _read_profile(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_profile(path: str, size: int, mtime_ns: int) -> VulkanDevice:
+    """read_profile of the file as it was at (size, mtime_ns); the device is immutable (frozen), so
+    callers may share it."""
     p = Path(path)
     try:
         with p.open("rb") as f:

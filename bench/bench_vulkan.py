@@ -10,7 +10,12 @@ vulkan's profile), interleaved so that load hits both alike:
   command      `schedplan reserve MODEL -c N [--device vulkan:...]` as a subprocess on the full sparse
                file, median wall and CPU time (user + system) of --runs: interpreter, imports,
                header, the profile's JSON, plan and table.
-Ratios: Vulkan / CPU (the issue's target: at most 1). A report, not a test.
+Ratios: Vulkan / CPU (the issue's target: at most 1). Then where the Vulkan plan's extra time goes,
+from --repeat more Vulkan plans with three of its parts timed (medians per plan): the flash attention
+probe (resolve_fused_ops: llama_context builds and splits one more graph when -fa is auto and more
+than one backend exists; a CPU plan skips it), graph_optimize of the pp and tg splits, and the
+device's supports_op (every call: weight placement probes, the scheduler's passes, the probe's
+included). A report, not a test.
 """
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ from tabulate import tabulate  # noqa: E402
 from bench_reserve import machine  # noqa: E402
 from fixtures.golden import lavapipe_flags  # noqa: E402
 from fixtures.make_gguf import header_path, model_path  # noqa: E402
+from schedplan.backends import vulkan  # noqa: E402
 from schedplan.cli.options import parse_params  # noqa: E402
+from schedplan.planner import reserve  # noqa: E402
 from schedplan.planner.reserve import create_context, sched_reserve  # noqa: E402
 
 
@@ -40,6 +47,43 @@ def plan_ms(header: Path, flags: list[str]) -> float:
     t = time.perf_counter()
     sched_reserve(create_context(header, params))
     return (time.perf_counter() - t) * 1e3
+
+
+def vulkan_parts(header: Path, flags: list[str], repeat: int) -> tuple[dict[str, float], int]:
+    """Median ms per plan spent in the flash attention probe, graph_optimize and supports_op, and
+    the number of supports_op calls per plan (the module functions are wrapped while planning)."""
+    spent: dict[str, float] = {}
+    calls = 0
+
+    def timed(name, fn, count=False):
+        def wrapper(*args):
+            nonlocal calls
+            calls += count
+            t = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    parts = {"flash attention probe (resolve_fused_ops)": (reserve, "resolve_fused_ops", False),
+             "graph_optimize (pp and tg)": (vulkan, "graph_optimize", False),
+             "supports_op (all calls)": (vulkan, "supports_op", True)}
+    originals = {name: getattr(mod, attr) for name, (mod, attr, _) in parts.items()}
+    for name, (mod, attr, count) in parts.items():
+        setattr(mod, attr, timed(name, originals[name], count))
+    per_plan: dict[str, list[float]] = {name: [] for name in parts}
+    try:
+        for _ in range(repeat):
+            spent.clear()
+            calls = 0
+            sched_reserve(create_context(header, parse_params(flags)))
+            for name in parts:
+                per_plan[name].append(spent.get(name, 0.0) * 1e3)
+    finally:
+        for name, (mod, attr, _) in parts.items():
+            setattr(mod, attr, originals[name])
+    return {name: statistics.median(v) for name, v in per_plan.items()}, calls
 
 
 def command_times(cmd: list[str]) -> tuple[float, float]:
@@ -85,6 +129,10 @@ def main() -> None:
     vk_name = "Vulkan (lavapipe)"
     print(f"ratio Vulkan / CPU: in process {med[vk_name] / med['CPU']:.2f}, command wall {wall[vk_name] / wall['CPU']:.2f}, "
           f"command CPU {cpu_s[vk_name] / cpu_s['CPU']:.2f}")
+    parts, n_calls = vulkan_parts(header, vk, args.repeat)
+    print(f"\nwhere the Vulkan plan's extra {med[vk_name] - med['CPU']:.1f} ms go (in process, median ms per plan of "
+          f"{args.repeat}; supports_op: {n_calls} calls, some inside the probe):")
+    print(tabulate([[name, f"{ms:.1f}"] for name, ms in parts.items()], headers=["part", "ms"], disable_numparse=True))
 
 
 if __name__ == "__main__":

@@ -860,6 +860,26 @@ def test_lavapipe_profile_gives_what_ggml_vulkan_reads():
     assert d.compute_full_subgroups and d.vulkan_memory_model and not d.shader_64bit_indexing
 
 
+def test_profile_read_again_only_when_changed(tmp_path):
+    """read_profile parses a file once while it is unchanged, and again once it changes."""
+    import json
+    import os
+
+    from schedplan.backends.vulkan_profile import read_profile
+    doc = json.loads(LAVAPIPE_PROFILE.read_text())
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    first = read_profile(str(path))
+    assert read_profile(str(path)) is first
+    limits = doc["capabilities"]["device"]["properties"]["VkPhysicalDeviceProperties"]["limits"]
+    limits["maxStorageBufferRange"] = 256 * 1024**2
+    path.write_text(json.dumps(doc))
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))    # a new time even on coarse clocks
+    assert (first.max_storage_buffer_range, read_profile(str(path)).max_storage_buffer_range) == \
+        (128 * 1024**2, 256 * 1024**2)
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda doc: "not json {", "not valid JSON"),
     (lambda doc: {"profiles": {}}, "no 'capabilities' object"),

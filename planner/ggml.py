@@ -401,12 +401,21 @@ def l2_norm(a: Tensor, eps: float) -> Tensor:
 
 # enum ggml_unary_op, for the ones schedplan builds
 UNARY_OPS = {"ABS": 0, "SGN": 1, "NEG": 2, "TANH": 4, "RELU": 6, "SIGMOID": 7, "GELU": 8, "GELU_QUICK": 9, "SILU": 10,
-             "EXP": 13, "SOFTPLUS": 15, "GELU_ERF": 16, "XIELU": 17, "ROUND": 20}
+             "HARDSWISH": 11, "HARDSIGMOID": 12, "EXP": 13, "SOFTPLUS": 15, "GELU_ERF": 16, "XIELU": 17, "ROUND": 20}
 
 
-def unary(a: Tensor, unary_op: str) -> Tensor:
-    """ggml_unary_impl (ggml_gelu, ggml_silu, ggml_tanh, ...): op UNARY, the kind in op_params[0]."""
-    return _unary_like("UNARY", a, [a], (UNARY_OPS[unary_op],))
+def unary(a: Tensor, unary_op: str, inplace: bool = False) -> Tensor:
+    """ggml_unary_impl (ggml_gelu, ggml_silu, ggml_tanh, ...; ggml_gelu_inplace: a view of a): op UNARY,
+    the kind in op_params[0]."""
+    return _unary_like("UNARY", a, [a], (UNARY_OPS[unary_op],), inplace)
+
+
+def sin(a: Tensor) -> Tensor:
+    return _unary_like("SIN", a, [a])
+
+
+def cos(a: Tensor) -> Tensor:
+    return _unary_like("COS", a, [a])
 
 
 def softplus(x: float) -> float:
@@ -685,6 +694,19 @@ def conv_2d(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d
                 reshape(a, a.ne[0] * a.ne[1] * a.ne[2], a.ne[3]))
     r = reshape(r, col.ne[1], col.ne[2], col.ne[3], a.ne[3])
     return cont(permute(r, 0, 1, 3, 2))
+
+
+def conv_2d_dw(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """ggml_conv_2d_dw: a depthwise conv as one im2col over every channel and a batched product,
+    [OW, OH, C, N]."""
+    present(a, b)
+    new_a = reshape(a, a.ne[0], a.ne[1], 1, a.ne[2] * a.ne[3])
+    col = im2col(new_a, reshape(b, b.ne[0], b.ne[1], 1, b.ne[2] * b.ne[3]), s0, s1, p0, p1, d0, d1, True,
+                 T.F32 if a.type == T.BF16 else T.F16)        # [N * IC, OH, OW, KH * KW]
+    new_b = reshape(col, col.ne[0], col.ne[2] * col.ne[1], b.ne[2], b.ne[3])
+    new_a = reshape(new_a, new_a.ne[0] * new_a.ne[1], new_a.ne[2], new_a.ne[3], 1)
+    r = mul_mat(new_a, new_b)
+    return reshape(r, col.ne[1], col.ne[2], b.ne[2], b.ne[3])
 
 
 def conv_1d(a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:

@@ -63,6 +63,8 @@ KEY_MM_PATCH_MERGE_TYPE = "clip.vision.mm_patch_merge_type"
 KEY_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"
 KEY_PREPROC_MIN_TILES = "clip.vision.preproc_min_tiles"
 KEY_PREPROC_MAX_TILES = "clip.vision.preproc_max_tiles"
+KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
+KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
 # clip-impl.h: tensor names
 TN_POS_EMBD = "%s.position_embd.weight"
@@ -98,6 +100,15 @@ TN_LN_PRE = "%s.pre_ln.%s"
 TN_LN_POST = "%s.post_ln.%s"
 TN_LLAVA_PROJ = "mm.%d.%s"
 TN_MVLM_PROJ_MLP = "mm.model.mlp.%d.%s"
+TN_MVLM_PROJ_BLOCK = "mm.model.mb_block.%d.block.%d.%s"
+TN_MVLM_PROJ_PEG = "mm.model.peg.%d.%s"
+TN_IMAGE_NEWLINE = "v.image_newline"
+TN_MINICPMV_POS_EMBD_K = "resampler.pos_embed_k"
+TN_MINICPMV_QUERY = "resampler.query"
+TN_MINICPMV_PROJ = "resampler.proj.weight"
+TN_MINICPMV_KV_PROJ = "resampler.kv.weight"
+TN_MINICPMV_ATTN = "resampler.attn.%s.%s"
+TN_MINICPMV_LN = "resampler.ln_%s.%s"
 TN_MM_INP_NORM = "mm.input_norm.weight"
 TN_MM_INP_NORM_B = "mm.input_norm.bias"
 TN_MM_INP_PROJ = "mm.input_projection.weight"
@@ -147,6 +158,9 @@ GRAPH_BUILDERS = {
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
+    "mlp": "llava", "mlp_norm": "llava", "ldp": "llava", "ldpv2": "llava",
+    "resampler": "minicpmv",
+    "janus_pro": "siglip", "phi4": "siglip",
 }
 
 # clip_modality
@@ -200,6 +214,10 @@ class ClipHparams:
     minicpmv_query_num: int = 0
     custom_image_min_tokens: int = -1
     custom_image_max_tokens: int = -1
+    has_llava_projector: bool = False
+
+    def is_feature_layer(self, layer: int) -> bool:
+        return layer in self.feature_layers
 
     def set_limit_image_tokens(self, n_tokens_min: int, n_tokens_max: int) -> None:
         patch_area = self.patch_size * self.patch_size * self.n_merge * self.n_merge
@@ -343,6 +361,56 @@ class ClipModel:
     mm_norm_pre_w: Optional[Tensor] = None
     mm_norm_mid_w: Optional[Tensor] = None
     mm_fc_b: Optional[Tensor] = None
+    mm_4_w: Optional[Tensor] = None
+    mm_4_b: Optional[Tensor] = None
+    image_newline: Optional[Tensor] = None
+    # MobileVLM's LDP / LDPv2
+    mm_model_mlp_0_w: Optional[Tensor] = None
+    mm_model_mlp_0_b: Optional[Tensor] = None
+    mm_model_mlp_1_b: Optional[Tensor] = None
+    mm_model_mlp_2_b: Optional[Tensor] = None
+    mm_model_mlp_3_w: Optional[Tensor] = None
+    mm_model_mlp_3_b: Optional[Tensor] = None
+    mm_model_block_1_block_0_0_w: Optional[Tensor] = None
+    mm_model_block_1_block_0_1_w: Optional[Tensor] = None
+    mm_model_block_1_block_0_1_b: Optional[Tensor] = None
+    mm_model_block_1_block_1_fc1_w: Optional[Tensor] = None
+    mm_model_block_1_block_1_fc1_b: Optional[Tensor] = None
+    mm_model_block_1_block_1_fc2_w: Optional[Tensor] = None
+    mm_model_block_1_block_1_fc2_b: Optional[Tensor] = None
+    mm_model_block_1_block_2_0_w: Optional[Tensor] = None
+    mm_model_block_1_block_2_1_w: Optional[Tensor] = None
+    mm_model_block_1_block_2_1_b: Optional[Tensor] = None
+    mm_model_block_2_block_0_0_w: Optional[Tensor] = None
+    mm_model_block_2_block_0_1_w: Optional[Tensor] = None
+    mm_model_block_2_block_0_1_b: Optional[Tensor] = None
+    mm_model_block_2_block_1_fc1_w: Optional[Tensor] = None
+    mm_model_block_2_block_1_fc1_b: Optional[Tensor] = None
+    mm_model_block_2_block_1_fc2_w: Optional[Tensor] = None
+    mm_model_block_2_block_1_fc2_b: Optional[Tensor] = None
+    mm_model_block_2_block_2_0_w: Optional[Tensor] = None
+    mm_model_block_2_block_2_1_w: Optional[Tensor] = None
+    mm_model_block_2_block_2_1_b: Optional[Tensor] = None
+    mm_model_peg_0_w: Optional[Tensor] = None
+    mm_model_peg_0_b: Optional[Tensor] = None
+    # MiniCPM-V's resampler
+    mm_model_pos_embed_k: Optional[Tensor] = None
+    mm_model_query: Optional[Tensor] = None
+    mm_model_kv_proj: Optional[Tensor] = None
+    mm_model_attn_q_w: Optional[Tensor] = None
+    mm_model_attn_q_b: Optional[Tensor] = None
+    mm_model_attn_k_w: Optional[Tensor] = None
+    mm_model_attn_k_b: Optional[Tensor] = None
+    mm_model_attn_v_w: Optional[Tensor] = None
+    mm_model_attn_v_b: Optional[Tensor] = None
+    mm_model_attn_o_w: Optional[Tensor] = None
+    mm_model_attn_o_b: Optional[Tensor] = None
+    mm_model_ln_q_w: Optional[Tensor] = None
+    mm_model_ln_q_b: Optional[Tensor] = None
+    mm_model_ln_kv_w: Optional[Tensor] = None
+    mm_model_ln_kv_b: Optional[Tensor] = None
+    mm_model_ln_post_w: Optional[Tensor] = None
+    mm_model_ln_post_b: Optional[Tensor] = None
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -522,6 +590,8 @@ class ClipModelLoader:
             hp.patch_size = self.get_u32(KEY_PATCH_SIZE)
             hp.minicpmv_version = self.get_i32(KEY_MINICPMV_VERSION, 0)
             hp.minicpmv_query_num = self.get_u32(KEY_MINICPMV_QUERY_NUM, 0)
+            if hp.minicpmv_query_num == 0:    # legacy files: by version
+                hp.minicpmv_query_num = 64 if hp.minicpmv_version in (3, 4, 5, 6, 100045) else 96
         elif modality == MODALITY_AUDIO:
             hp.n_mel_bins = self.get_u32(KEY_A_NUM_MEL_BINS)
             hp.image_size, hp.patch_size = 0, 1
@@ -549,7 +619,17 @@ class ClipModelLoader:
                 self.fail(f"load_hparams: feature layer index {v} is out of range (n_layer: {hp.n_layer})")
 
         # model-specific params
-        if proj_type == "gemma3":
+        if proj_type in ("mlp", "mlp_norm", "ldp", "ldpv2"):
+            hp.has_llava_projector = True
+        elif proj_type == "resampler":
+            if hp.minicpmv_version == 0:
+                hp.minicpmv_version = 2
+        elif proj_type == "phi4":
+            hp.n_merge = 1
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(16 * 16)
+        elif proj_type == "gemma3":
             hp.n_merge = 4            # every Gemma 3 size: 4x fewer patches per side
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
         elif proj_type == "internvl":
@@ -723,7 +803,64 @@ class ClipModelLoader:
                 layer.ff_up_w, layer.ff_down_w = layer.ff_down_w, layer.ff_up_w
                 layer.ff_up_b, layer.ff_down_b = layer.ff_down_b, layer.ff_up_b
 
-        if model.proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
+        if model.proj_type in ("mlp", "mlp_norm"):
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"), False)
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"), False)    # Yi-type LLaVA
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"), False)
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"), False)    # missing in Yi-type LLaVA
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"), False)
+            model.mm_3_w = get_tensor(TN_LLAVA_PROJ % (3, "weight"), False)
+            model.mm_3_b = get_tensor(TN_LLAVA_PROJ % (3, "bias"), False)
+            model.mm_4_w = get_tensor(TN_LLAVA_PROJ % (4, "weight"), False)
+            model.mm_4_b = get_tensor(TN_LLAVA_PROJ % (4, "bias"), False)
+            if model.mm_3_w is not None:     # clip.cpp's Yi-type LLaVA hack: the type becomes mlp_norm
+                model.proj_type = "mlp_norm"
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE, False)
+        elif model.proj_type == "ldp":
+            model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
+            model.mm_model_mlp_1_b = get_tensor(TN_MVLM_PROJ_MLP % (1, "bias"))
+            model.mm_model_mlp_3_w = get_tensor(TN_MVLM_PROJ_MLP % (3, "weight"))
+            model.mm_model_mlp_3_b = get_tensor(TN_MVLM_PROJ_MLP % (3, "bias"))
+            for blk in (1, 2):
+                for field_, (i, suffix) in (("block_0_0_w", (0, "0.weight")), ("block_0_1_w", (0, "1.weight")),
+                                            ("block_0_1_b", (0, "1.bias")), ("block_1_fc1_w", (1, "fc1.weight")),
+                                            ("block_1_fc1_b", (1, "fc1.bias")), ("block_1_fc2_w", (1, "fc2.weight")),
+                                            ("block_1_fc2_b", (1, "fc2.bias")), ("block_2_0_w", (2, "0.weight")),
+                                            ("block_2_1_w", (2, "1.weight")), ("block_2_1_b", (2, "1.bias"))):
+                    setattr(model, f"mm_model_block_{blk}_{field_}", get_tensor(TN_MVLM_PROJ_BLOCK % (blk, i, suffix)))
+        elif model.proj_type == "ldpv2":
+            model.mm_model_mlp_0_w = get_tensor(TN_MVLM_PROJ_MLP % (0, "weight"))
+            model.mm_model_mlp_0_b = get_tensor(TN_MVLM_PROJ_MLP % (0, "bias"))
+            model.mm_model_mlp_2_w = get_tensor(TN_MVLM_PROJ_MLP % (2, "weight"))
+            model.mm_model_mlp_2_b = get_tensor(TN_MVLM_PROJ_MLP % (2, "bias"))
+            model.mm_model_peg_0_w = get_tensor(TN_MVLM_PROJ_PEG % (0, "weight"))
+            model.mm_model_peg_0_b = get_tensor(TN_MVLM_PROJ_PEG % (0, "bias"))
+        elif model.proj_type == "resampler":
+            model.mm_model_pos_embed_k = get_tensor(TN_MINICPMV_POS_EMBD_K)
+            model.mm_model_query = get_tensor(TN_MINICPMV_QUERY)
+            model.mm_model_proj = get_tensor(TN_MINICPMV_PROJ)
+            model.mm_model_kv_proj = get_tensor(TN_MINICPMV_KV_PROJ)
+            for x in ("q", "k", "v"):
+                setattr(model, f"mm_model_attn_{x}_w", get_tensor(TN_MINICPMV_ATTN % (x, "weight")))
+            for x in ("q", "k", "v"):
+                setattr(model, f"mm_model_attn_{x}_b", get_tensor(TN_MINICPMV_ATTN % (x, "bias")))
+            model.mm_model_attn_o_w = get_tensor(TN_MINICPMV_ATTN % ("out", "weight"))
+            model.mm_model_attn_o_b = get_tensor(TN_MINICPMV_ATTN % ("out", "bias"))
+            for x in ("q", "kv", "post"):
+                setattr(model, f"mm_model_ln_{x}_w", get_tensor(TN_MINICPMV_LN % (x, "weight")))
+                setattr(model, f"mm_model_ln_{x}_b", get_tensor(TN_MINICPMV_LN % (x, "bias")))
+        elif model.proj_type == "janus_pro":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"))
+        elif model.proj_type == "phi4":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
@@ -834,6 +971,18 @@ SWAPPED_FFN_TYPES = frozenset({"mlp", "mlp_norm", "ldp", "ldpv2", "qwen2vl_merge
 def clip_n_mmproj_embd(model: ClipModel) -> int:
     """clip_n_mmproj_embd: the text model's embedding size the projector's output must match."""
     p = model.proj_type
+    if p == "ldp":
+        return model.mm_model_block_1_block_2_1_b.ne[0]
+    if p == "ldpv2":
+        return model.mm_model_peg_0_b.ne[0]
+    if p in ("mlp", "phi4"):
+        return _read(model.mm_2_w, "mm.2.weight").ne[1]
+    if p == "mlp_norm":
+        return _read(model.mm_3_b, "mm.3.bias").ne[0]
+    if p == "resampler":
+        return model.mm_model_proj.ne[0]
+    if p == "janus_pro":
+        return model.mm_1_b.ne[0]
     if p in ("qwen2vl_merger", "qwen2.5vl_merger"):
         return model.mm_1_b.ne[0]
     if p == "qwen3vl_merger":
@@ -857,6 +1006,14 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
     if p == "glm4v":
         return model.mm_ffn_down_w.ne[1]
     raise AssertionError(f"clip_n_mmproj_embd: {p} is in GRAPH_BUILDERS but not here")
+
+
+def _read(t: Optional[Tensor], name: str) -> Tensor:
+    """A tensor clip.cpp reads without checking (LLaVA's optional mm.N): a file without it crashes llama.cpp."""
+    if t is None:
+        raise GGMLAbort(f"llama.cpp would crash loading the multimodal projector: it has no {name} (a null tensor "
+                        f"is read)")
+    return t
 
 
 @dataclass

@@ -95,7 +95,7 @@ def test_projector_of_another_model_is_refused():
 
 def test_unplanned_and_unknown_types_are_refused(tmp_path):
     from fixtures.make_mmproj import load_config, write_mmproj
-    for proj_type, message in (("cogvlm", "the multimodal projector type 'cogvlm' (vision) is not planned"),
+    for proj_type, message in (("pockettts_gen", "the multimodal projector type 'pockettts_gen' (vision) is not planned"),
                                ("no-such-type", "unknown projector type: no-such-type")):
         config = load_config("tiny-mmproj-gemma3")
         config["metadata"]["clip.projector_type"] = proj_type

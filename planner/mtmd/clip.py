@@ -103,6 +103,11 @@ TN_MVLM_PROJ_MLP = "mm.model.mlp.%d.%s"
 TN_MVLM_PROJ_BLOCK = "mm.model.mb_block.%d.block.%d.%s"
 TN_MVLM_PROJ_PEG = "mm.model.peg.%d.%s"
 TN_IMAGE_NEWLINE = "v.image_newline"
+TN_MM_POST_FC_NORM = "mm.post_fc_norm.%s"
+TN_MM_H_TO_4H = "mm.up.%s"
+TN_MM_4H_TO_H = "mm.down.%s"
+TN_TOK_BOI = "v.boi"
+TN_TOK_EOI = "v.eoi"
 TN_MINICPMV_POS_EMBD_K = "resampler.pos_embed_k"
 TN_MINICPMV_QUERY = "resampler.query"
 TN_MINICPMV_PROJ = "resampler.proj.weight"
@@ -161,6 +166,8 @@ GRAPH_BUILDERS = {
     "mlp": "llava", "mlp_norm": "llava", "ldp": "llava", "ldpv2": "llava",
     "resampler": "minicpmv",
     "janus_pro": "siglip", "phi4": "siglip",
+    "nemotron_v2_vl": "nemotron_v2_vl",
+    "cogvlm": "cogvlm",
 }
 
 # clip_modality
@@ -411,6 +418,14 @@ class ClipModel:
     mm_model_ln_kv_b: Optional[Tensor] = None
     mm_model_ln_post_w: Optional[Tensor] = None
     mm_model_ln_post_b: Optional[Tensor] = None
+    # CogVLM's projector
+    mm_post_fc_norm_w: Optional[Tensor] = None
+    mm_post_fc_norm_b: Optional[Tensor] = None
+    mm_h_to_4h_w: Optional[Tensor] = None
+    mm_gate_w: Optional[Tensor] = None
+    mm_4h_to_h_w: Optional[Tensor] = None
+    mm_boi: Optional[Tensor] = None
+    mm_eoi: Optional[Tensor] = None
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -624,6 +639,8 @@ class ClipModelLoader:
         elif proj_type == "resampler":
             if hp.minicpmv_version == 0:
                 hp.minicpmv_version = 2
+        elif proj_type == "nemotron_v2_vl":
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
         elif proj_type == "phi4":
             hp.n_merge = 1
             hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
@@ -850,6 +867,19 @@ class ClipModelLoader:
             for x in ("q", "kv", "post"):
                 setattr(model, f"mm_model_ln_{x}_w", get_tensor(TN_MINICPMV_LN % (x, "weight")))
                 setattr(model, f"mm_model_ln_{x}_b", get_tensor(TN_MINICPMV_LN % (x, "bias")))
+        elif model.proj_type == "nemotron_v2_vl":
+            model.mm_0_w = get_tensor(TN_MVLM_PROJ_MLP % (0, "weight"))
+            model.mm_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
+            model.mm_3_w = get_tensor(TN_MVLM_PROJ_MLP % (3, "weight"))
+        elif model.proj_type == "cogvlm":
+            model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
+            model.mm_post_fc_norm_w = get_tensor(TN_MM_POST_FC_NORM % "weight")
+            model.mm_post_fc_norm_b = get_tensor(TN_MM_POST_FC_NORM % "bias")
+            model.mm_h_to_4h_w = get_tensor(TN_MM_H_TO_4H % "weight")
+            model.mm_gate_w = get_tensor(TN_MM_GATE % "weight")
+            model.mm_4h_to_h_w = get_tensor(TN_MM_4H_TO_H % "weight")
+            model.mm_boi = get_tensor(TN_TOK_BOI)
+            model.mm_eoi = get_tensor(TN_TOK_EOI)
         elif model.proj_type == "janus_pro":
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
@@ -999,8 +1029,10 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_2_w.ne[1]
     if p == "idefics3":
         return model.mm_fc_w.ne[1]
-    if p == "internvl":
+    if p in ("internvl", "nemotron_v2_vl"):
         return model.mm_3_w.ne[1]
+    if p == "cogvlm":
+        return model.mm_4h_to_h_w.ne[1]
     if p == "llama4":
         return model.mm_model_proj.ne[1]
     if p == "glm4v":

@@ -168,6 +168,7 @@ GRAPH_BUILDERS = {
     "janus_pro": "siglip", "phi4": "siglip",
     "nemotron_v2_vl": "nemotron_v2_vl",
     "cogvlm": "cogvlm",
+    "step3vl": "step3vl", "ling3vl": "ling3vl",
 }
 
 # clip_modality
@@ -696,7 +697,13 @@ class ClipModelLoader:
             require_stack = proj_type in ("ultravox", "voxtral")
             hp.proj_stack_factor = self.get_u32(KEY_A_PROJ_STACK_FACTOR, None if require_stack else 0)
             hp.ffn_op = FFN_GELU_ERF
-        elif proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
+        elif proj_type == "step3vl":
+            hp.n_merge = 4            # two stride-2 downsamplers after patching
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
+            hp.rope_theta = 10000.0
+            hp.image_longest_edge = self.get_u32(KEY_PREPROC_IMAGE_SIZE, hp.image_longest_edge) or 3024
+            hp.warmup_image_size = hp.image_size
+        elif proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "ling3vl"):
             hp.n_merge = 2
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             # only Qwen2.5-VL requires the window-attention pattern
@@ -890,6 +897,19 @@ class ClipModelLoader:
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
             model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "ling3vl":
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)       # merger.norm
+            model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B)
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "step3vl":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"), False)
+            model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
         elif model.proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
@@ -1011,8 +1031,10 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return _read(model.mm_3_b, "mm.3.bias").ne[0]
     if p == "resampler":
         return model.mm_model_proj.ne[0]
-    if p == "janus_pro":
+    if p in ("janus_pro", "ling3vl"):
         return model.mm_1_b.ne[0]
+    if p == "step3vl":
+        return model.mm_model_proj.ne[1]
     if p in ("qwen2vl_merger", "qwen2.5vl_merger"):
         return model.mm_1_b.ne[0]
     if p == "qwen3vl_merger":

@@ -108,6 +108,14 @@ TN_MM_H_TO_4H = "mm.up.%s"
 TN_MM_4H_TO_H = "mm.down.%s"
 TN_TOK_BOI = "v.boi"
 TN_TOK_EOI = "v.eoi"
+TN_TOK_GLM_BOI = "adapter.boi"
+TN_TOK_GLM_EOI = "adapter.eoi"
+TN_GLM_ADAPER_CONV = "adapter.conv.%s"
+TN_GLM_ADAPTER_LINEAR = "adapter.linear.linear.%s"
+TN_GLM_ADAPTER_NORM_1 = "adapter.linear.norm1.%s"
+TN_GLM_ADAPTER_D_H_2_4H = "adapter.linear.dense_h_to_4h.%s"
+TN_GLM_ADAPTER_GATE = "adapter.linear.gate.%s"
+TN_GLM_ADAPTER_D_4H_2_H = "adapter.linear.dense_4h_to_h.%s"
 TN_MINICPMV_POS_EMBD_K = "resampler.pos_embed_k"
 TN_MINICPMV_QUERY = "resampler.query"
 TN_MINICPMV_PROJ = "resampler.proj.weight"
@@ -163,7 +171,7 @@ GRAPH_BUILDERS = {
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
-    "mlp": "llava", "mlp_norm": "llava", "ldp": "llava", "ldpv2": "llava",
+    "mlp": "llava", "mlp_norm": "llava", "ldp": "llava", "ldpv2": "llava", "adapter": "llava",
     "resampler": "minicpmv",
     "janus_pro": "siglip", "phi4": "siglip",
     "nemotron_v2_vl": "nemotron_v2_vl",
@@ -401,6 +409,9 @@ class ClipModel:
     mm_model_block_2_block_2_1_b: Optional[Tensor] = None
     mm_model_peg_0_w: Optional[Tensor] = None
     mm_model_peg_0_b: Optional[Tensor] = None
+    # GLM-Edge's adapter
+    mm_model_adapter_conv_w: Optional[Tensor] = None
+    mm_model_adapter_conv_b: Optional[Tensor] = None
     # MiniCPM-V's resampler
     mm_model_pos_embed_k: Optional[Tensor] = None
     mm_model_query: Optional[Tensor] = None
@@ -860,6 +871,17 @@ class ClipModelLoader:
             model.mm_model_mlp_2_b = get_tensor(TN_MVLM_PROJ_MLP % (2, "bias"))
             model.mm_model_peg_0_w = get_tensor(TN_MVLM_PROJ_PEG % (0, "weight"))
             model.mm_model_peg_0_b = get_tensor(TN_MVLM_PROJ_PEG % (0, "bias"))
+        elif model.proj_type == "adapter":
+            model.mm_model_adapter_conv_w = get_tensor(TN_GLM_ADAPER_CONV % "weight")
+            model.mm_model_adapter_conv_b = get_tensor(TN_GLM_ADAPER_CONV % "bias")
+            model.mm_model_mlp_0_w = get_tensor(TN_GLM_ADAPTER_LINEAR % "weight")
+            model.mm_model_ln_q_w = get_tensor(TN_GLM_ADAPTER_NORM_1 % "weight")
+            model.mm_model_ln_q_b = get_tensor(TN_GLM_ADAPTER_NORM_1 % "bias")
+            model.mm_model_mlp_1_w = get_tensor(TN_GLM_ADAPTER_D_H_2_4H % "weight")
+            model.mm_model_mlp_2_w = get_tensor(TN_GLM_ADAPTER_GATE % "weight")
+            model.mm_model_mlp_3_w = get_tensor(TN_GLM_ADAPTER_D_4H_2_H % "weight")
+            model.mm_boi = get_tensor(TN_TOK_GLM_BOI)
+            model.mm_eoi = get_tensor(TN_TOK_GLM_EOI)
         elif model.proj_type == "resampler":
             model.mm_model_pos_embed_k = get_tensor(TN_MINICPMV_POS_EMBD_K)
             model.mm_model_query = get_tensor(TN_MINICPMV_QUERY)
@@ -1031,6 +1053,8 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return _read(model.mm_3_b, "mm.3.bias").ne[0]
     if p == "resampler":
         return model.mm_model_proj.ne[0]
+    if p == "adapter":
+        return model.mm_model_mlp_3_w.ne[1]
     if p in ("janus_pro", "ling3vl"):
         return model.mm_1_b.ne[0]
     if p == "step3vl":

@@ -2,9 +2,10 @@
 loop: the feature-layer stack, and LLaVA drops the last layer) and their projectors: LLaVA's MLP
 (mlp), Yi-VL's MLP with LayerNorms (mlp_norm), MobileVLM's LDP (two MobileNetV3 inverted residual
 blocks: depthwise convs, squeeze-excite, hardswish) and MobileVLM V2's LDPv2 (an average pool and a
-depthwise positional conv)."""
+depthwise positional conv); GLM-Edge's adapter (adapter) shares the ViT."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from ... import ggml
@@ -22,6 +23,8 @@ class ClipGraphLlava(ClipGraph):
 
         # the deepest feature layer: LLaVA's default is the second to last layer
         il_last = hp.n_layer - 1
+        if self.proj_type == "adapter":     # GLM-Edge keeps every layer
+            il_last += 1
         deepest_feature_layer = max([-1, *hp.feature_layers])
         max_feature_layer = il_last if deepest_feature_layer < 0 else deepest_feature_layer
 
@@ -108,6 +111,8 @@ class ClipGraphLlava(ClipGraph):
                 embeddings = self.build_ldp(embeddings)
             elif self.proj_type == "ldpv2":
                 embeddings = self.build_ldpv2(embeddings)
+        elif self.proj_type == "adapter":
+            embeddings = self.build_glm_edge(embeddings)
         self.expand(embeddings)
         return self.gf
 
@@ -172,6 +177,31 @@ class ClipGraphLlava(ClipGraph):
         mlp_2 = ggml.cont(ggml.permute(mlp_2, 1, 2, 0, 3))
         peg_0 = ggml.add(peg_0, mlp_2)
         return ggml.reshape(peg_0, peg_0.ne[0], peg_0.ne[1] * peg_0.ne[2], peg_0.ne[3])
+
+
+    def build_glm_edge(self, embeddings: Tensor) -> Tensor:
+        """GLM-Edge's adapter: a 2x2 stride-2 conv over the patch grid, then the GLU (linear,
+        LayerNorm, in-place GELU, SwiGLU of gate and dense_h_to_4h, dense_4h_to_h), between the
+        BOI and EOI embeddings."""
+        m = self.model
+        gridsz = int(math.sqrt(embeddings.ne[1]))
+        embeddings = ggml.permute(embeddings, 1, 0, 2, 3)
+        embeddings = ggml.cont(embeddings, gridsz, gridsz, embeddings.ne[1])
+        embeddings = ggml.conv_2d(m.mm_model_adapter_conv_w, embeddings, 2, 2, 0, 0, 1, 1)
+        embeddings = ggml.reshape(embeddings, embeddings.ne[0] * embeddings.ne[1], embeddings.ne[2], 1)
+        embeddings = ggml.cont(ggml.permute(embeddings, 1, 0, 2, 3))
+        embeddings = ggml.add(embeddings, m.mm_model_adapter_conv_b)
+        embeddings = self.build_mm(m.mm_model_mlp_0_w, embeddings)
+        embeddings = ggml.norm(embeddings, self.eps)
+        embeddings = ggml.add(ggml.mul(embeddings, m.mm_model_ln_q_w), m.mm_model_ln_q_b)
+        embeddings = ggml.unary(embeddings, "GELU", inplace=True)
+        x = embeddings
+        embeddings = self.build_mm(m.mm_model_mlp_2_w, embeddings)
+        x = self.build_mm(m.mm_model_mlp_1_w, x)
+        embeddings = ggml.glu_split(embeddings, x, ggml.GLU_SWIGLU)
+        embeddings = self.build_mm(m.mm_model_mlp_3_w, embeddings)
+        embeddings = ggml.concat(m.mm_boi, embeddings, 1)
+        return ggml.concat(embeddings, m.mm_eoi, 1)
 
 
 GRAPH_BUILDER = ClipGraphLlava

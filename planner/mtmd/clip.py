@@ -63,6 +63,7 @@ KEY_MM_PATCH_MERGE_TYPE = "clip.vision.mm_patch_merge_type"
 KEY_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"
 KEY_PREPROC_MIN_TILES = "clip.vision.preproc_min_tiles"
 KEY_PREPROC_MAX_TILES = "clip.vision.preproc_max_tiles"
+KEY_WIN_ATTN_LAYER_INDEXES = "clip.vision.wa_layer_indexes"
 KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
 KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
@@ -116,6 +117,14 @@ TN_GLM_ADAPTER_NORM_1 = "adapter.linear.norm1.%s"
 TN_GLM_ADAPTER_D_H_2_4H = "adapter.linear.dense_h_to_4h.%s"
 TN_GLM_ADAPTER_GATE = "adapter.linear.gate.%s"
 TN_GLM_ADAPTER_D_4H_2_H = "adapter.linear.dense_4h_to_h.%s"
+TN_VIT_MERGER_LN1 = "v.vit_merger.ln1.%s"
+TN_VIT_MERGER_ATTN_Q = "v.vit_merger.attn_q.%s"
+TN_VIT_MERGER_ATTN_K = "v.vit_merger.attn_k.%s"
+TN_VIT_MERGER_ATTN_V = "v.vit_merger.attn_v.%s"
+TN_VIT_MERGER_ATTN_O = "v.vit_merger.attn_out.%s"
+TN_VIT_MERGER_DS_LN = "v.vit_merger.ds_ln.%s"
+TN_VIT_MERGER_DS_UP = "v.vit_merger.ds_ffn_up.%s"
+TN_VIT_MERGER_DS_DOWN = "v.vit_merger.ds_ffn_down.%s"
 TN_MINICPMV_POS_EMBD_K = "resampler.pos_embed_k"
 TN_MINICPMV_QUERY = "resampler.query"
 TN_MINICPMV_PROJ = "resampler.proj.weight"
@@ -172,7 +181,7 @@ GRAPH_BUILDERS = {
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
     "mlp": "llava", "mlp_norm": "llava", "ldp": "llava", "ldpv2": "llava", "adapter": "llava",
-    "resampler": "minicpmv",
+    "resampler": "minicpmv", "minicpmv4_6": "minicpmv",
     "janus_pro": "siglip", "phi4": "siglip",
     "nemotron_v2_vl": "nemotron_v2_vl",
     "cogvlm": "cogvlm",
@@ -231,6 +240,7 @@ class ClipHparams:
     custom_image_min_tokens: int = -1
     custom_image_max_tokens: int = -1
     has_llava_projector: bool = False
+    insert_layer_id: int = 0      # MiniCPM-V 4.6's ViT merger insertion layer
 
     def is_feature_layer(self, layer: int) -> bool:
         return layer in self.feature_layers
@@ -430,6 +440,23 @@ class ClipModel:
     mm_model_ln_kv_b: Optional[Tensor] = None
     mm_model_ln_post_w: Optional[Tensor] = None
     mm_model_ln_post_b: Optional[Tensor] = None
+    # MiniCPM-V 4.6's ViT merger (window attention, 2x2 downsample MLP)
+    vit_merger_ln1_w: Optional[Tensor] = None
+    vit_merger_ln1_b: Optional[Tensor] = None
+    vit_merger_attn_q_w: Optional[Tensor] = None
+    vit_merger_attn_q_b: Optional[Tensor] = None
+    vit_merger_attn_k_w: Optional[Tensor] = None
+    vit_merger_attn_k_b: Optional[Tensor] = None
+    vit_merger_attn_v_w: Optional[Tensor] = None
+    vit_merger_attn_v_b: Optional[Tensor] = None
+    vit_merger_attn_o_w: Optional[Tensor] = None
+    vit_merger_attn_o_b: Optional[Tensor] = None
+    vit_merger_ds_ln_w: Optional[Tensor] = None
+    vit_merger_ds_ln_b: Optional[Tensor] = None
+    vit_merger_ds_up_w: Optional[Tensor] = None
+    vit_merger_ds_up_b: Optional[Tensor] = None
+    vit_merger_ds_down_w: Optional[Tensor] = None
+    vit_merger_ds_down_b: Optional[Tensor] = None
     # CogVLM's projector
     mm_post_fc_norm_w: Optional[Tensor] = None
     mm_post_fc_norm_b: Optional[Tensor] = None
@@ -651,6 +678,17 @@ class ClipModelLoader:
         elif proj_type == "resampler":
             if hp.minicpmv_version == 0:
                 hp.minicpmv_version = 2
+        elif proj_type == "minicpmv4_6":
+            # the ViT merger's 2x2 and the final merger's 2x2: 4x per side
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, 4)
+            if hp.n_merge not in (2, 4):
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(hparams.n_merge == 2 || hparams.n_merge == 4)): n_merge {hp.n_merge}")
+            wa_layer_indexes = self.get_arr(KEY_WIN_ATTN_LAYER_INDEXES, INT32, False) or []   # borrowed: the insertion point
+            if wa_layer_indexes:
+                if not 0 <= wa_layer_indexes[0] < hp.n_layer:
+                    self.fail(f"load_hparams: layer index {wa_layer_indexes[0]} is out of range (n_layer: {hp.n_layer})")
+                hp.insert_layer_id = wa_layer_indexes[0]
         elif proj_type == "nemotron_v2_vl":
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
         elif proj_type == "phi4":
@@ -871,6 +909,30 @@ class ClipModelLoader:
             model.mm_model_mlp_2_b = get_tensor(TN_MVLM_PROJ_MLP % (2, "bias"))
             model.mm_model_peg_0_w = get_tensor(TN_MVLM_PROJ_PEG % (0, "weight"))
             model.mm_model_peg_0_b = get_tensor(TN_MVLM_PROJ_PEG % (0, "bias"))
+        elif model.proj_type == "minicpmv4_6":
+            merger_required = hp.n_merge == 4
+
+            def get_merger_tensor(name: str, required: bool = True) -> Optional[Tensor]:
+                return get_tensor(name, merger_required and required)
+            model.vit_merger_ln1_w = get_merger_tensor(TN_VIT_MERGER_LN1 % "weight")
+            model.vit_merger_ln1_b = get_merger_tensor(TN_VIT_MERGER_LN1 % "bias")
+            for x, fmt in (("q", TN_VIT_MERGER_ATTN_Q), ("k", TN_VIT_MERGER_ATTN_K), ("v", TN_VIT_MERGER_ATTN_V),
+                           ("o", TN_VIT_MERGER_ATTN_O)):
+                setattr(model, f"vit_merger_attn_{x}_w", get_merger_tensor(fmt % "weight"))
+                setattr(model, f"vit_merger_attn_{x}_b", get_merger_tensor(fmt % "bias", False))
+            model.vit_merger_ds_ln_w = get_merger_tensor(TN_VIT_MERGER_DS_LN % "weight")
+            model.vit_merger_ds_ln_b = get_merger_tensor(TN_VIT_MERGER_DS_LN % "bias")
+            model.vit_merger_ds_up_w = get_merger_tensor(TN_VIT_MERGER_DS_UP % "weight")
+            model.vit_merger_ds_up_b = get_merger_tensor(TN_VIT_MERGER_DS_UP % "bias", False)
+            model.vit_merger_ds_down_w = get_merger_tensor(TN_VIT_MERGER_DS_DOWN % "weight")
+            model.vit_merger_ds_down_b = get_merger_tensor(TN_VIT_MERGER_DS_DOWN % "bias", False)
+            # the final merger (DownsampleMLP)
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)
+            model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B, False)
+            model.mm_ffn_up_w = get_tensor(TN_MM_UP % "weight")
+            model.mm_ffn_up_b = get_tensor(TN_MM_UP % "bias", False)
+            model.mm_ffn_down_w = get_tensor(TN_MM_DOWN % "weight")
+            model.mm_ffn_down_b = get_tensor(TN_MM_DOWN % "bias", False)
         elif model.proj_type == "adapter":
             model.mm_model_adapter_conv_w = get_tensor(TN_GLM_ADAPER_CONV % "weight")
             model.mm_model_adapter_conv_b = get_tensor(TN_GLM_ADAPER_CONV % "bias")
@@ -1055,6 +1117,8 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_model_proj.ne[0]
     if p == "adapter":
         return model.mm_model_mlp_3_w.ne[1]
+    if p == "minicpmv4_6":
+        return model.mm_ffn_down_w.ne[1]
     if p in ("janus_pro", "ling3vl"):
         return model.mm_1_b.ne[0]
     if p == "step3vl":

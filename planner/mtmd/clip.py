@@ -186,6 +186,7 @@ GRAPH_BUILDERS = {
     "nemotron_v2_vl": "nemotron_v2_vl",
     "cogvlm": "cogvlm",
     "step3vl": "step3vl", "ling3vl": "ling3vl",
+    "muse-glimmer": "muse_glimmer",
 }
 
 # clip_modality
@@ -241,6 +242,8 @@ class ClipHparams:
     custom_image_max_tokens: int = -1
     has_llava_projector: bool = False
     insert_layer_id: int = 0      # MiniCPM-V 4.6's ViT merger insertion layer
+    muse_glimmer_patch_temporal: int = 0
+    muse_glimmer_sparse_factor: int = 0
 
     def is_feature_layer(self, layer: int) -> bool:
         return layer in self.feature_layers
@@ -689,6 +692,14 @@ class ClipModelLoader:
                 if not 0 <= wa_layer_indexes[0] < hp.n_layer:
                     self.fail(f"load_hparams: layer index {wa_layer_indexes[0]} is out of range (n_layer: {hp.n_layer})")
                 hp.insert_layer_id = wa_layer_indexes[0]
+        elif proj_type == "muse-glimmer":
+            hp.n_merge = 2            # the pixel-shuffle downsample after the ViT
+            hp.rope_theta = 10000.0
+            hp.muse_glimmer_patch_temporal = 2
+            hp.muse_glimmer_sparse_factor = 4     # 3 sparse layers and 1 global, repeating
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.set_limit_image_tokens(1, 4096)
+            hp.set_warmup_n_tokens(32 * 32)
         elif proj_type == "nemotron_v2_vl":
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
         elif proj_type == "phi4":
@@ -933,6 +944,11 @@ class ClipModelLoader:
             model.mm_ffn_up_b = get_tensor(TN_MM_UP % "bias", False)
             model.mm_ffn_down_w = get_tensor(TN_MM_DOWN % "weight")
             model.mm_ffn_down_b = get_tensor(TN_MM_DOWN % "bias", False)
+        elif model.proj_type == "muse-glimmer":
+            # fc -> GELU -> proj -> GELU -> vision_proj, no biases
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
         elif model.proj_type == "adapter":
             model.mm_model_adapter_conv_w = get_tensor(TN_GLM_ADAPER_CONV % "weight")
             model.mm_model_adapter_conv_b = get_tensor(TN_GLM_ADAPER_CONV % "bias")
@@ -1109,6 +1125,8 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_model_block_1_block_2_1_b.ne[0]
     if p == "ldpv2":
         return model.mm_model_peg_0_b.ne[0]
+    if p == "muse-glimmer":
+        return model.mm_2_w.ne[1]
     if p in ("mlp", "phi4"):
         return _read(model.mm_2_w, "mm.2.weight").ne[1]
     if p == "mlp_norm":

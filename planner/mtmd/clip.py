@@ -74,6 +74,7 @@ TN_PATCH_EMBD = "v.patch_embd.weight"
 TN_PATCH_EMBD_1 = "v.patch_embd.weight.1"
 TN_PATCH_BIAS = "v.patch_embd.bias"
 TN_NORM_EMBD = "v.norm_embd.%s"
+TN_PATCH_NORM = "v.patch_norm.%d.%s"
 TN_ATTN_QKV = "%s.blk.%d.attn_qkv.%s"
 TN_ATTN_K = "%s.blk.%d.attn_k.%s"
 TN_ATTN_Q = "%s.blk.%d.attn_q.%s"
@@ -187,6 +188,7 @@ GRAPH_BUILDERS = {
     "cogvlm": "cogvlm",
     "step3vl": "step3vl", "ling3vl": "ling3vl",
     "muse-glimmer": "muse_glimmer",
+    "gemma4uv": "gemma4uv",
 }
 
 # clip_modality
@@ -390,6 +392,12 @@ class ClipModel:
     mm_norm_pre_w: Optional[Tensor] = None
     mm_norm_mid_w: Optional[Tensor] = None
     mm_fc_b: Optional[Tensor] = None
+    patch_norm_1_w: Optional[Tensor] = None
+    patch_norm_1_b: Optional[Tensor] = None
+    patch_norm_2_w: Optional[Tensor] = None
+    patch_norm_2_b: Optional[Tensor] = None
+    patch_norm_3_w: Optional[Tensor] = None
+    patch_norm_3_b: Optional[Tensor] = None
     mm_4_w: Optional[Tensor] = None
     mm_4_b: Optional[Tensor] = None
     image_newline: Optional[Tensor] = None
@@ -744,10 +752,13 @@ class ClipModelLoader:
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             hp.set_limit_image_tokens(8, 4096)
             hp.set_warmup_n_tokens(46 * 46)
-        elif proj_type == "gemma4v":
+        elif proj_type in ("gemma4v", "gemma4uv"):
             hp.rope_theta = 100.0
             hp.n_merge = 3            # pooling_kernel_size
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
+            if proj_type == "gemma4uv":   # the unified variant merges tokens in its patch embedding
+                hp.patch_size = _i32(hp.patch_size * hp.n_merge)
+                hp.n_merge = 1
             hp.set_limit_image_tokens(70, 1120)
             hp.set_warmup_n_tokens(256)
         elif proj_type == "llama4":
@@ -1052,6 +1063,11 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MVLM_PROJ_MLP % (1, "bias"))
             model.mm_3_w = get_tensor(TN_MVLM_PROJ_MLP % (3, "weight"))
             model.mm_3_b = get_tensor(TN_MVLM_PROJ_MLP % (3, "bias"))
+        elif model.proj_type == "gemma4uv":
+            model.mm_input_proj_w = get_tensor(TN_MM_INP_PROJ)
+            for i in (1, 2, 3):       # 3: pos_norm
+                setattr(model, f"patch_norm_{i}_w", get_tensor(TN_PATCH_NORM % (i, "weight")))
+                setattr(model, f"patch_norm_{i}_b", get_tensor(TN_PATCH_NORM % (i, "bias")))
         elif model.proj_type == "gemma4v":
             model.mm_input_proj_w = get_tensor(TN_MM_INP_PROJ)
             model.std_bias = get_tensor(TN_STD_BIAS, False)
@@ -1147,7 +1163,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_1_b.ne[0] * (1 + model.n_deepstack_layers)   # main path + deepstack paths
     if p == "gemma3":
         return model.mm_input_proj_w.ne[0]
-    if p == "gemma4v":
+    if p in ("gemma4v", "gemma4uv"):
         return model.mm_input_proj_w.ne[1]
     if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a"):
         return model.mm_2_w.ne[1]

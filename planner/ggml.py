@@ -313,6 +313,13 @@ def pad(a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
     return _op(r, "PAD", [a], (0, p[0], 0, p[1], 0, p[2], 0, p[3], 0))
 
 
+def pad_ext(a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int, lp3: int, rp3: int) -> Tensor:
+    """ggml_pad_ext: padding on both sides of each dimension (not circular)."""
+    present(a)
+    r = new_tensor(a.type, a.ne[0] + lp0 + rp0, a.ne[1] + lp1 + rp1, a.ne[2] + lp2 + rp2, a.ne[3] + lp3 + rp3)
+    return _op(r, "PAD", [a], (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3, 0))
+
+
 def get_rows(a: Tensor, b: Tensor) -> Tensor:
     present(a, b)
     t = a.type if a.type == T.I32 else T.F32
@@ -696,6 +703,16 @@ def conv_2d(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d
     return cont(permute(r, 0, 1, 3, 2))
 
 
+def conv_2d_direct(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """ggml_conv_2d_direct: one CONV_2D op, [OW, OH, OC, N] of b's type (a: [KW, KH, IC, OC])."""
+    present(a, b)
+    if a.ne[2] != b.ne[2]:   # ggml.c GGML_ASSERT(a->ne[2] == b->ne[2])
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_conv_2d_direct GGML_ASSERT(a->ne[2] == b->ne[2])): kernel "
+                        f"'{a.name}' {list(a.ne)} over '{b.name}' {list(b.ne)}")
+    ne = (conv_output_size(b.ne[0], a.ne[0], s0, p0, d0), conv_output_size(b.ne[1], a.ne[1], s1, p1, d1), a.ne[3], b.ne[3])
+    return _op(new_tensor(b.type, *ne), "CONV_2D", [a, b], (s0, s1, p0, p1, d0, d1))
+
+
 def conv_2d_dw(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
     """ggml_conv_2d_dw: a depthwise conv as one im2col over every channel and a batched product,
     [OW, OH, C, N]."""
@@ -747,6 +764,14 @@ def pool_2d(a: Tensor, op: int, k0: int, k1: int, s0: int, s1: int, p0: float, p
 # enum ggml_scale_mode and its flags
 SCALE_MODE_NEAREST, SCALE_MODE_BILINEAR, SCALE_MODE_BICUBIC = 0, 1, 2
 SCALE_FLAG_ALIGN_CORNERS, SCALE_FLAG_ANTIALIAS = 1 << 8, 1 << 9
+
+
+def upscale(a: Tensor, scale_factor: int, mode: int) -> Tensor:
+    """ggml_upscale: GGML_ASSERT(scale_factor > 1), then interpolate to ne0, ne1 times the factor."""
+    if scale_factor <= 1:
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_upscale GGML_ASSERT(scale_factor > 1)): '{a.name}' by "
+                        f"{scale_factor}")
+    return interpolate(a, a.ne[0] * scale_factor, a.ne[1] * scale_factor, a.ne[2], a.ne[3], mode)
 
 
 def interpolate(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, mode: int) -> Tensor:

@@ -126,6 +126,36 @@ TN_VIT_MERGER_ATTN_O = "v.vit_merger.attn_out.%s"
 TN_VIT_MERGER_DS_LN = "v.vit_merger.ds_ln.%s"
 TN_VIT_MERGER_DS_UP = "v.vit_merger.ds_ffn_up.%s"
 TN_VIT_MERGER_DS_DOWN = "v.vit_merger.ds_ffn_down.%s"
+TN_MNV5_STEM_CONV = "v.conv_stem.conv.weight"
+TN_MNV5_STEM_BIAS = "v.conv_stem.conv.bias"
+TN_MNV5_STEM_BN = "v.conv_stem.bn.weight"
+TN_MNV5_BLK_S0_EXP_W = "v.blk.%d.%d.conv_exp.weight"
+TN_MNV5_BLK_S0_BN1_W = "v.blk.%d.%d.bn1.weight"
+TN_MNV5_BLK_S0_PWL_W = "v.blk.%d.%d.conv_pwl.weight"
+TN_MNV5_BLK_S0_BN2_W = "v.blk.%d.%d.bn2.weight"
+TN_MNV5_BLK_DW_START_W = "v.blk.%d.%d.dw_start.conv.weight"
+TN_MNV5_BLK_DW_START_BN = "v.blk.%d.%d.dw_start.bn.weight"
+TN_MNV5_BLK_DW_MID_W = "v.blk.%d.%d.dw_mid.conv.weight"
+TN_MNV5_BLK_DW_MID_BN = "v.blk.%d.%d.dw_mid.bn.weight"
+TN_MNV5_BLK_PW_EXP_W = "v.blk.%d.%d.pw_exp.conv.weight"
+TN_MNV5_BLK_PW_EXP_BN = "v.blk.%d.%d.pw_exp.bn.weight"
+TN_MNV5_BLK_PW_PROJ_W = "v.blk.%d.%d.pw_proj.conv.weight"
+TN_MNV5_BLK_PW_PROJ_BN = "v.blk.%d.%d.pw_proj.bn.weight"
+TN_MNV5_BLK_LAYER_SCALE = "v.blk.%d.%d.layer_scale.gamma"
+TN_MNV5_ATTN_Q_W = "v.blk.%d.%d.attn.query.proj.weight"
+TN_MNV5_ATTN_K_W = "v.blk.%d.%d.attn.key.proj.weight"
+TN_MNV5_ATTN_V_W = "v.blk.%d.%d.attn.value.proj.weight"
+TN_MNV5_ATTN_O_W = "v.blk.%d.%d.attn.output.proj.weight"
+TN_MNV5_ATTN_K_DW = "v.blk.%d.%d.attn.key.down_conv.weight"
+TN_MNV5_ATTN_K_NORM = "v.blk.%d.%d.attn.key.norm.weight"
+TN_MNV5_ATTN_V_DW = "v.blk.%d.%d.attn.value.down_conv.weight"
+TN_MNV5_ATTN_V_NORM = "v.blk.%d.%d.attn.value.norm.weight"
+TN_MNV5_ATTN_NORM = "v.blk.%d.%d.norm.weight"
+TN_MNV5_MSFA_FFN_EXP_W = "v.msfa.ffn.pw_exp.conv.weight"
+TN_MNV5_MSFA_FFN_EXP_BN = "v.msfa.ffn.pw_exp.bn.weight"
+TN_MNV5_MSFA_FFN_PROJ_W = "v.msfa.ffn.pw_proj.conv.weight"
+TN_MNV5_MSFA_FFN_PROJ_BN = "v.msfa.ffn.pw_proj.bn.weight"
+TN_MNV5_MSFA_NORM = "v.msfa.norm.weight"
 TN_MINICPMV_POS_EMBD_K = "resampler.pos_embed_k"
 TN_MINICPMV_QUERY = "resampler.query"
 TN_MINICPMV_PROJ = "resampler.proj.weight"
@@ -189,6 +219,7 @@ GRAPH_BUILDERS = {
     "step3vl": "step3vl", "ling3vl": "ling3vl",
     "muse-glimmer": "muse_glimmer",
     "gemma4uv": "gemma4uv",
+    "gemma3nv": "mobilenetv5",
 }
 
 # clip_modality
@@ -326,6 +357,33 @@ class ClipLayer:
 
     def has_deepstack(self) -> bool:
         return self.deepstack_fc1_w is not None
+
+
+@dataclass
+class MobilenetV5Block:
+    """mobilenetv5_block: an edge residual (stage 0), a universal inverted residual or an MQA block."""
+    s0_conv_exp_w: Optional[Tensor] = None
+    s0_bn1_w: Optional[Tensor] = None
+    s0_conv_pwl_w: Optional[Tensor] = None
+    s0_bn2_w: Optional[Tensor] = None
+    dw_start_w: Optional[Tensor] = None
+    dw_start_bn_w: Optional[Tensor] = None
+    pw_exp_w: Optional[Tensor] = None
+    pw_exp_bn_w: Optional[Tensor] = None
+    dw_mid_w: Optional[Tensor] = None
+    dw_mid_bn_w: Optional[Tensor] = None
+    pw_proj_w: Optional[Tensor] = None
+    pw_proj_bn_w: Optional[Tensor] = None
+    layer_scale_w: Optional[Tensor] = None
+    attn_q_w: Optional[Tensor] = None
+    attn_k_w: Optional[Tensor] = None
+    attn_v_w: Optional[Tensor] = None
+    attn_o_w: Optional[Tensor] = None
+    attn_k_dw_w: Optional[Tensor] = None
+    attn_k_norm_w: Optional[Tensor] = None
+    attn_v_dw_w: Optional[Tensor] = None
+    attn_v_norm_w: Optional[Tensor] = None
+    attn_norm_w: Optional[Tensor] = None
 
 
 @dataclass
@@ -468,6 +526,17 @@ class ClipModel:
     vit_merger_ds_up_b: Optional[Tensor] = None
     vit_merger_ds_down_w: Optional[Tensor] = None
     vit_merger_ds_down_b: Optional[Tensor] = None
+    # Gemma 3n's MobileNetV5
+    mobilenet_stem_conv_w: Optional[Tensor] = None
+    mobilenet_stem_conv_b: Optional[Tensor] = None
+    mobilenet_stem_norm_w: Optional[Tensor] = None
+    msfa_ffn_expand_w: Optional[Tensor] = None
+    msfa_ffn_expand_bn: Optional[Tensor] = None
+    msfa_ffn_project_w: Optional[Tensor] = None
+    msfa_ffn_project_bn: Optional[Tensor] = None
+    msfa_concat_norm_w: Optional[Tensor] = None
+    mobilenet_blocks: list[MobilenetV5Block] = field(default_factory=list)
+    mobilenet_stage_ends: list[int] = field(default_factory=list)
     # CogVLM's projector
     mm_post_fc_norm_w: Optional[Tensor] = None
     mm_post_fc_norm_b: Optional[Tensor] = None
@@ -708,6 +777,9 @@ class ClipModelLoader:
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             hp.set_limit_image_tokens(1, 4096)
             hp.set_warmup_n_tokens(32 * 32)
+        elif proj_type == "gemma3nv":
+            hp.n_merge = 1            # MobileNetV5 handles resizing internally
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
         elif proj_type == "nemotron_v2_vl":
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
         elif proj_type == "phi4":
@@ -960,6 +1032,69 @@ class ClipModelLoader:
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
             model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+        elif model.proj_type == "gemma3nv":
+            model.mobilenet_stem_conv_w = get_tensor(TN_MNV5_STEM_CONV, False)
+            model.mobilenet_stem_conv_b = get_tensor(TN_MNV5_STEM_BIAS, False)
+            model.mobilenet_stem_norm_w = get_tensor(TN_MNV5_STEM_BN, False)
+            model.msfa_ffn_expand_w = get_tensor(TN_MNV5_MSFA_FFN_EXP_W, False)
+            model.msfa_ffn_expand_bn = get_tensor(TN_MNV5_MSFA_FFN_EXP_BN, False)
+            model.msfa_ffn_project_w = get_tensor(TN_MNV5_MSFA_FFN_PROJ_W, False)
+            model.msfa_ffn_project_bn = get_tensor(TN_MNV5_MSFA_FFN_PROJ_BN, False)
+            model.msfa_concat_norm_w = get_tensor(TN_MNV5_MSFA_NORM, False)
+            # the blocks, stage by stage, as long as a block's first tensor is there
+            for stage in range(4):
+                blocks_found_in_stage = 0
+                blk_idx = 0
+                while True:
+                    def t(fmt: str) -> Optional[Tensor]:
+                        return get_tensor(fmt % (stage, blk_idx), False)
+                    block = MobilenetV5Block()
+                    found_block = False
+                    block.s0_conv_exp_w = t(TN_MNV5_BLK_S0_EXP_W)
+                    if block.s0_conv_exp_w is not None:       # an edge residual
+                        found_block = True
+                        block.s0_bn1_w = t(TN_MNV5_BLK_S0_BN1_W)
+                        block.s0_conv_pwl_w = t(TN_MNV5_BLK_S0_PWL_W)
+                        block.s0_bn2_w = t(TN_MNV5_BLK_S0_BN2_W)
+                    else:                                      # a universal inverted residual
+                        block.dw_start_w = t(TN_MNV5_BLK_DW_START_W)
+                        block.pw_exp_w = t(TN_MNV5_BLK_PW_EXP_W)
+                        if block.dw_start_w is not None or block.pw_exp_w is not None:
+                            found_block = True
+                            if block.dw_start_w is not None:
+                                block.dw_start_bn_w = t(TN_MNV5_BLK_DW_START_BN)
+                            if block.pw_exp_w is not None:
+                                block.pw_exp_bn_w = t(TN_MNV5_BLK_PW_EXP_BN)
+                            block.dw_mid_w = t(TN_MNV5_BLK_DW_MID_W)
+                            if block.dw_mid_w is not None:
+                                block.dw_mid_bn_w = t(TN_MNV5_BLK_DW_MID_BN)
+                            block.pw_proj_w = t(TN_MNV5_BLK_PW_PROJ_W)
+                            if block.pw_proj_w is not None:
+                                block.pw_proj_bn_w = t(TN_MNV5_BLK_PW_PROJ_BN)
+                            block.layer_scale_w = t(TN_MNV5_BLK_LAYER_SCALE)
+                    attn_q_check = t(TN_MNV5_ATTN_Q_W)         # an attention (MQA) block
+                    if attn_q_check is not None:
+                        found_block = True
+                        block.attn_q_w = attn_q_check
+                        block.attn_k_w = t(TN_MNV5_ATTN_K_W)
+                        block.attn_v_w = t(TN_MNV5_ATTN_V_W)
+                        block.attn_o_w = t(TN_MNV5_ATTN_O_W)
+                        block.attn_k_dw_w = t(TN_MNV5_ATTN_K_DW)
+                        block.attn_k_norm_w = t(TN_MNV5_ATTN_K_NORM)
+                        block.attn_v_dw_w = t(TN_MNV5_ATTN_V_DW)
+                        block.attn_v_norm_w = t(TN_MNV5_ATTN_V_NORM)
+                        block.attn_norm_w = t(TN_MNV5_ATTN_NORM)
+                        if block.layer_scale_w is None:
+                            block.layer_scale_w = t(TN_MNV5_BLK_LAYER_SCALE)
+                    if not found_block:
+                        break
+                    model.mobilenet_blocks.append(block)
+                    blocks_found_in_stage += 1
+                    blk_idx += 1
+                if blocks_found_in_stage > 0:
+                    model.mobilenet_stage_ends.append(len(model.mobilenet_blocks) - 1)
+            model.mm_input_proj_w = get_tensor(TN_MM_INP_PROJ)
+            model.mm_soft_emb_norm_w = get_tensor(TN_MM_SOFT_EMB_N)
         elif model.proj_type == "adapter":
             model.mm_model_adapter_conv_w = get_tensor(TN_GLM_ADAPER_CONV % "weight")
             model.mm_model_adapter_conv_b = get_tensor(TN_GLM_ADAPER_CONV % "bias")
@@ -1161,7 +1296,7 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_1_b.ne[0]
     if p == "qwen3vl_merger":
         return model.mm_1_b.ne[0] * (1 + model.n_deepstack_layers)   # main path + deepstack paths
-    if p == "gemma3":
+    if p in ("gemma3", "gemma3nv"):
         return model.mm_input_proj_w.ne[0]
     if p in ("gemma4v", "gemma4uv"):
         return model.mm_input_proj_w.ne[1]

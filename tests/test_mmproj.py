@@ -104,6 +104,18 @@ def test_unplanned_and_unknown_types_are_refused(tmp_path):
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 
 
+def test_minicpmv_version_without_a_template_is_refused(tmp_path):
+    """mtmd_context::init_vision has a slice template for MiniCPM-V versions 2-6 and 100045 only
+    (llama.cpp's mtmd_get_memory_usage returns nothing for version 1)."""
+    from fixtures.make_mmproj import load_config, write_mmproj
+    config = load_config("tiny-mmproj-minicpmv")
+    config["metadata"]["clip.minicpmv_version"] = 1
+    path = write_mmproj(config, tmp_path / "minicpmv1.gguf", header_only=True)
+    out = run_cli("reserve", str(model_path("tiny-qwen2")), "-mm", str(path))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "unsupported minicpmv version: 1" in out.stderr
+
+
 @pytest.mark.parametrize("files, model, expected", [
     # the model's folder beats the root; then the closest quantization bits to the model file's
     (["mmproj-F16.gguf", "q4/mmproj-F32.gguf", "q4/m-Q4_K_M.gguf"], "q4/m-Q4_K_M.gguf", "q4/mmproj-F32.gguf"),

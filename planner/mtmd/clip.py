@@ -275,7 +275,6 @@ class ClipHparams:
     custom_image_max_tokens: int = -1
     has_llava_projector: bool = False
     insert_layer_id: int = 0      # MiniCPM-V 4.6's ViT merger insertion layer
-    muse_glimmer_patch_temporal: int = 0
     muse_glimmer_sparse_factor: int = 0
 
     def is_feature_layer(self, layer: int) -> bool:
@@ -772,7 +771,6 @@ class ClipModelLoader:
         elif proj_type == "muse-glimmer":
             hp.n_merge = 2            # the pixel-shuffle downsample after the ViT
             hp.rope_theta = 10000.0
-            hp.muse_glimmer_patch_temporal = 2
             hp.muse_glimmer_sparse_factor = 4     # 3 sparse layers and 1 global, repeating
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             hp.set_limit_image_tokens(1, 4096)

@@ -8,8 +8,8 @@ Where each number comes from (never from the 2-decimal MiB of the log lines alon
   read through a small C shim (memory_breakdown.cpp) compiled on first use. Its "context" part is
   llama_memory::memory_breakdown(), i.e. the KV cache only: the output buffer is not in it.
 - output buffer: llama_context::output_reserve(n_seq_max) at construction asks the buffer type named
-  by the log line "output buffer size = X MiB" for n_vocab * n_seq_max floats (logits only: no
-  embeddings, no backend samplers, C:2116-2207); what that buffer type makes of the request is
+  by the log line "output buffer size = X MiB" for n_vocab * n_seq_max floats (logits only, and
+  T5's forced embeddings: no backend samplers, C:2116-2207); what that buffer type makes of the request is
   measured by allocating one such buffer (Vulkan_Host adds 32 bytes) and checked against the line.
 - graph nodes/splits, sched copies, effective n_ctx/n_batch/..., FA resolution, K/V types: parsed
   from llama.cpp's own log (sched_reserve, llama_context, llama_kv_cache), or read from the C API.
@@ -52,6 +52,7 @@ MISSING_MESSAGE = ("schedplan run needs the 'run' extra: "
 # include/llama.h
 FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+POOLING_TYPES = {"unspecified": -1, "none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}   # enum llama_pooling_type
 LLAMA_LOAD_MODE_NONE = 0          # include/llama.h llama_load_mode
 # ggml-backend.h enum ggml_backend_buffer_usage
 BUFFER_USAGES = {0: "any", 1: "weights", 2: "compute"}
@@ -579,6 +580,8 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
             setattr(cp, key, type_by_name(value))
         cp.kv_unified = params.kv_unified
         cp.swa_full = params.swa_full
+        cp.embeddings = params.embeddings
+        cp.pooling_type = POOLING_TYPES[params.pooling_type]
         cp.offload_kqv = params.offload_kqv
         cp.op_offload = params.op_offload
         cp.n_threads = cp.n_threads_batch = max(1, os.cpu_count() or 1)
@@ -676,14 +679,18 @@ def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str
         if m:
             weights[name] = weights.get(name, 0) + m
 
-    # the output buffer: output_reserve(n_seq_max) at construction, logits only (C:2116-2207)
+    # the output buffer: output_reserve(n_seq_max) at construction: logits, and embeddings when the
+    # context computes them (C:2116-2207)
     if len(parsed["output"]) != 1:
         raise RunError(f"expected one 'output buffer size' line in llama.cpp's log, found {len(parsed['output'])}")
     out_name, out_mib = parsed["output"][0]
-    out_bytes = ggml.allocated_size(out_name, n_vocab * n_seq_max * 4)
+    # T5 keeps embeddings whether asked or not ("hacky enc-dec support", C:2131)
+    has_embd = params.embeddings or arch == "t5"
+    n_embd_out = llama_cpp.llama_model_n_embd_out(model) if has_embd else 0
+    out_bytes = ggml.allocated_size(out_name, (n_vocab + n_embd_out) * n_seq_max * 4)
     if mib2(out_bytes) != out_mib:
-        raise RunError(f"output buffer: expected {out_bytes} bytes ({mib2(out_bytes)} MiB) for n_vocab {n_vocab} x "
-                       f"n_seq_max {n_seq_max} floats, llama.cpp logged {out_mib} MiB")
+        raise RunError(f"output buffer: expected {out_bytes} bytes ({mib2(out_bytes)} MiB) for (n_vocab {n_vocab} + "
+                       f"n_embd_out {n_embd_out}) x n_seq_max {n_seq_max} floats, llama.cpp logged {out_mib} MiB")
     output = {out_name: out_bytes}
 
     # the reserve's ubatches (graph_reserve rounds n_tokens up to a multiple of n_seqs)
@@ -802,6 +809,15 @@ def _unreplayable(result: dict) -> Optional[str]:
         return (f"the pp reservation has {n_tokens} tokens (rounded up to a multiple of "
                 f"n_seq_max {params['n_seq_max']}), more than n_ubatch {params['n_ubatch']}: no decode "
                 f"computes that ubatch, so its tensor offsets cannot be measured")
+    if result["model"]["arch"] == "t5encoder" and n_seqs > 1 and not params["kv_unified"]:
+        return ("a decode of several sequences over a non-unified cache splits the batch into equal "
+                "sequences, on which T5's encoder position buckets abort (llama-graph.cpp:181 "
+                "GGML_ASSERT(!ubatch->equal_seqs())): the reserve's tensor offsets cannot be measured")
+    if result["model"]["arch"] == "t5":
+        return ("T5's decoder reads the encoder output: a decode without llama_encode aborts (GGML_ASSERT "
+                "'llama_encode must be called first'), and an encode first runs the encoder graph through the "
+                "same scheduler, which re-plans the reserved compute buffers, so the reserve's tensor offsets "
+                "cannot be measured")
     # MiniMax sparse attention sizes its inputs by the positions in the cache: the reserve sees an
     # empty one (N_POS_PAD positions), a decode of more positions per sequence a larger graph, for
     # which llama.cpp grows the compute buffer past the reservation

@@ -218,6 +218,13 @@ def plan_options(func: Callable) -> Callable:
         click.option("-kvu", "--kv-unified", "kv_unified", is_flag=True,
                      help="One KV buffer shared by all sequences."),
         click.option("--swa-full", "swa_full", is_flag=True, help="Full-size SWA cache."),
+        click.option("--embedding", "--embeddings", "embeddings", is_flag=True,
+                     help="Compute embeddings (llama-server --embedding): the output buffer holds them too, the "
+                     "graph ends in the pooling; -b becomes -ub where it is larger, as llama-server sets it."),
+        click.option("--pooling", "pooling_type", type=click.Choice(["none", "mean", "cls", "last", "rank"]),
+                     default=None, help="Pooling of the embeddings; default: the model's (none if it names none)."),
+        click.option("--rerank", "--reranking", "rerank", is_flag=True,
+                     help="Reranking: --embedding with --pooling rank (the classification head)."),
         click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=Int32(), default=-1, show_default=True,
                      help="Layers to offload to devices; -1 = all (the output layer counts as one)."),
         click.option("-sm", "--split-mode", "split_mode", type=click.Choice(["none", "layer", "row"]),
@@ -263,8 +270,12 @@ def plan_options(func: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         for name in ("override_tensor", "cpu_moe", "n_cpu_moe", "n_cpu_ffn"):   # gathered by their callbacks
             kwargs.pop(name)
+        embeddings, pooling_type = _embeddings(kwargs.pop("embeddings"), kwargs.pop("pooling_type"), kwargs.pop("rerank"))
+        n_batch, n_ubatch = kwargs.pop("n_batch"), kwargs.pop("n_ubatch")
+        if embeddings:   # tools/server/server.cpp: "setting n_batch = n_ubatch to avoid assertion failure"
+            n_batch = min(n_batch, n_ubatch)
         kwargs["params"] = Params(
-            n_ctx=kwargs.pop("n_ctx"), n_batch=kwargs.pop("n_batch"), n_ubatch=kwargs.pop("n_ubatch"),
+            n_ctx=kwargs.pop("n_ctx"), n_batch=n_batch, n_ubatch=n_ubatch, embeddings=embeddings, pooling_type=pooling_type,
             n_seq_max=kwargs.pop("n_seq_max"), flash_attn=kwargs.pop("flash_attn"),
             type_k=kwargs.pop("type_k"), type_v=kwargs.pop("type_v"), kv_unified=kwargs.pop("kv_unified"),
             swa_full=kwargs.pop("swa_full"), n_gpu_layers=kwargs.pop("n_gpu_layers"),
@@ -281,6 +292,13 @@ def plan_options(func: Callable) -> Callable:
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
+
+
+def _embeddings(embedding: bool, pooling: Optional[str], rerank: bool) -> tuple[bool, str]:
+    """(embeddings, pooling type) of --embedding, --pooling and --rerank (which sets both)."""
+    if rerank and pooling not in (None, "rank"):
+        raise click.BadParameter(f"--rerank pools by rank; it cannot be combined with --pooling {pooling}")
+    return embedding or rerank, "rank" if rerank else pooling or "unspecified"
 
 
 def parse_params(args: list[str]) -> Params:

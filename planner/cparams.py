@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import ggml
-from .hparams import HParams
+from .hparams import LLAMA_POOLING_TYPE_NONE, LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_POOLING_TYPES, HParams
 from .params import Params
 
 LLAMA_MAX_SEQ = 256
@@ -43,6 +43,8 @@ class CParams:
     auto_fhc: bool = True
     n_rs_seq: int = 0       # recurrent-state snapshots per sequence for rollback (0: the arch has none)
     mtp: bool = False       # LLAMA_CONTEXT_TYPE_MTP: the NextN draft head's context
+    embeddings: bool = False
+    pooling_type: int = LLAMA_POOLING_TYPE_NONE
 
 
 def pad_u32(x: int, n: int) -> int:
@@ -56,6 +58,12 @@ RS_ROLLBACK_ARCHS = frozenset({"kimi-k3", "qwen35", "qwen35moe", "deepseek4", "g
                                "lfm2", "lfm2moe"})
 
 
+def llama_model_has_encoder(arch: str) -> bool:
+    """llama_model_has_encoder (llama-model.cpp): such a context keeps n_batch outputs whatever
+    n_outputs_max asks."""
+    return arch in ("t5", "t5encoder", "eagle3", "dflash")
+
+
 def derive_cparams(params: Params, hp: HParams) -> CParams:
     if params.n_ctx == 0 and hp.n_ctx_train == 0:   # llama_init_from_model
         raise BadParams("-c 0 takes the model's training context, which is 0: llama.cpp refuses the context "
@@ -66,7 +74,7 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
     n_ctx = hp.n_ctx_train if params.n_ctx == 0 else params.n_ctx
     n_batch = min(n_ctx, params.n_batch) if hp.causal_attn else params.n_batch
     n_ubatch = min(n_batch, params.n_batch if params.n_ubatch == 0 else params.n_ubatch)
-    n_outputs_max = params.n_outputs_max or n_batch
+    n_outputs_max = n_batch if params.n_outputs_max == 0 or llama_model_has_encoder(hp.arch) else params.n_outputs_max
     asked = f"-c {params.n_ctx}" + (f" (the training context, {hp.n_ctx_train})" if params.n_ctx == 0 else "")
     n_ctx = pad_u32(n_ctx, 256)                     # cparams.n_ctx is a uint32_t
     if params.kv_unified:
@@ -116,4 +124,12 @@ def derive_cparams(params: Params, hp: HParams) -> CParams:
         offload_kqv=params.offload_kqv, op_offload=params.op_offload,
         type_k=type_k, type_v=type_v, swa_full=params.swa_full,
         n_rs_seq=n_rs_seq, mtp=params.ctx_type == "mtp",
+        embeddings=params.embeddings, pooling_type=pooling_type(params, hp),
     )
+
+
+def pooling_type(params: Params, hp: HParams) -> int:
+    """The context's pooling: --pooling, else the model's, else none (llama_context's constructor)."""
+    if params.pooling_type != "unspecified":
+        return LLAMA_POOLING_TYPES[params.pooling_type]
+    return LLAMA_POOLING_TYPE_NONE if hp.pooling_type == LLAMA_POOLING_TYPE_UNSPECIFIED else hp.pooling_type

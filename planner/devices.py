@@ -308,6 +308,9 @@ def weight_probe(weight: Tensor, op: str, hp: HParams) -> Tensor:
         return ggml.div(ggml.new_tensor(ggml.T.F32, weight.ne[0]), weight)
     if op == "SCALE":
         return ggml.scale(weight, 1.0)
+    if op == "IM2COL":
+        b = ggml.new_tensor(ggml.T.F32, hp.n_embd_inp(), weight.ne[1], 1, 1)
+        return ggml.im2col(weight, b, 1, 0, 0, 0, 1, 0, False, ggml.T.F16)
     if op == "SSM_CONV":
         return ggml.ssm_conv(ggml.new_tensor(ggml.T.F32, weight.ne[0] - 1 + 512, weight.ne[1], 3), weight)
     if op == "SSM_SCAN":   # w is ssm_a: [1, n_head] for Mamba-2, [d_state, n_head] for Mamba-1

@@ -24,7 +24,7 @@ from typing import Optional
 from .download import read_model_header
 from .gguf import GGUFHeader
 from .params import Params
-from .reserve import Context, create_context, sched_reserve_no_alloc
+from .reserve import Context, create_context, memory_breakdown, sched_reserve_no_alloc
 
 MiB = 1024 * 1024
 UINT32_MAX = 2**32 - 1
@@ -116,7 +116,7 @@ def device_memory(ctx: Context, compute_sizes: list[int], host_total: int) -> li
 
     for b in ctx.model.buffers:
         add(b.buft.name, "model", b.size)
-    for name, size in ctx.kv.memory_breakdown().items():
+    for name, size in memory_breakdown(ctx).items():
         add(name, "context", size)
     for buft, size in zip(ctx.sched.bufts, compute_sizes):
         add(buft.name, "compute", size)

@@ -307,17 +307,15 @@ def repeat_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
 
 
 def pad(a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
-    """ggml_pad: ggml_pad_ext padding each dimension on the right (the amounts are C ints)."""
-    p = [(x + 2**31) % 2**32 - 2**31 for x in (p0, p1, p2, p3)]
-    r = new_tensor(a.type, *(n + x for n, x in zip(a.ne, p)))
-    return _op(r, "PAD", [a], (0, p[0], 0, p[1], 0, p[2], 0, p[3], 0))
+    """ggml_pad: ggml_pad_ext padding each dimension on the right."""
+    return pad_ext(a, 0, p0, 0, p1, 0, p2, 0, p3)
 
 
 def pad_ext(a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int, lp3: int, rp3: int) -> Tensor:
-    """ggml_pad_ext: padding on both sides of each dimension (not circular)."""
-    present(a)
-    r = new_tensor(a.type, a.ne[0] + lp0 + rp0, a.ne[1] + lp1 + rp1, a.ne[2] + lp2 + rp2, a.ne[3] + lp3 + rp3)
-    return _op(r, "PAD", [a], (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3, 0))
+    """ggml_pad_ext: each dimension padded on the left and the right (the amounts are C ints)."""
+    p = [(x + 2**31) % 2**32 - 2**31 for x in (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)]
+    r = new_tensor(a.type, *(n + p[2 * i] + p[2 * i + 1] for i, n in enumerate(a.ne)))
+    return _op(r, "PAD", [a], (*p, 0))
 
 
 def get_rows(a: Tensor, b: Tensor) -> Tensor:
@@ -394,12 +392,24 @@ def sqrt(a: Tensor) -> Tensor:
     return _unary_like("SQRT", a, [a])
 
 
+def sin(a: Tensor) -> Tensor:
+    return _unary_like("SIN", a, [a])
+
+
+def cos(a: Tensor) -> Tensor:
+    return _unary_like("COS", a, [a])
+
+
 def rms_norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
     return _unary_like("RMS_NORM", a, [a], (eps,), inplace)
 
 
 def norm(a: Tensor, eps: float, inplace: bool = False) -> Tensor:
     return _unary_like("NORM", a, [a], (eps,), inplace)
+
+
+def group_norm(a: Tensor, n_groups: int, eps: float) -> Tensor:
+    return _unary_like("GROUP_NORM", a, [a], (n_groups, eps))
 
 
 def l2_norm(a: Tensor, eps: float) -> Tensor:
@@ -412,17 +422,9 @@ UNARY_OPS = {"ABS": 0, "SGN": 1, "NEG": 2, "TANH": 4, "RELU": 6, "SIGMOID": 7, "
 
 
 def unary(a: Tensor, unary_op: str, inplace: bool = False) -> Tensor:
-    """ggml_unary_impl (ggml_gelu, ggml_silu, ggml_tanh, ...; ggml_gelu_inplace: a view of a): op UNARY,
-    the kind in op_params[0]."""
+    """ggml_unary_impl (ggml_gelu, ggml_silu, ggml_tanh, ...; ggml_relu_inplace, ...): op UNARY, the
+    kind in op_params[0]."""
     return _unary_like("UNARY", a, [a], (UNARY_OPS[unary_op],), inplace)
-
-
-def sin(a: Tensor) -> Tensor:
-    return _unary_like("SIN", a, [a])
-
-
-def cos(a: Tensor) -> Tensor:
-    return _unary_like("COS", a, [a])
 
 
 def softplus(x: float) -> float:
@@ -495,9 +497,21 @@ def div(a: Tensor, b: Tensor) -> Tensor:
 
 def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
     present(a, b)
+    if a.type != b.type or any(a.ne[d] != b.ne[d] for d in range(4) if d != dim):
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_concat GGML_ASSERTs: one type, equal sizes but in dim "
+                        f"{dim}): '{a.name}' {type_name(a.type)} {list(a.ne)}, '{b.name}' {type_name(b.type)} {list(b.ne)}")
     ne = list(a.ne)
     ne[dim] += b.ne[dim]
     return _op(new_tensor(a.type, *ne), "CONCAT", [a, b], (dim,))
+
+
+def argmax(a: Tensor) -> Tensor:
+    """ggml_argmax: the I32 index of each row's maximum"""
+    present(a)
+    if a.ne[2] != 1 or a.ne[3] != 1 or a.ne[0] > 2**31 - 1:
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_argmax GGML_ASSERT(ggml_is_matrix(a))): '{a.name}' "
+                        f"{list(a.ne)}")
+    return _op(new_tensor(T.I32, a.ne[1]), "ARGMAX", [a])
 
 
 def fill(a: Tensor, c: float) -> Tensor:
@@ -572,6 +586,9 @@ def add_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
 def ssm_conv(sx: Tensor, c: Tensor) -> Tensor:
     """ggml_ssm_conv: [d_inner, tokens per sequence, sequences] from the padded input sx."""
     n_t = sx.ne[0] - c.ne[0] + 1
+    if sx.ne[3] != 1 or c.ne[2] != 1 or c.ne[3] != 1 or sx.ne[1] != c.ne[1] or n_t < 0:
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_ssm_conv GGML_ASSERTs: a 3-D input of the kernel's "
+                        f"channels): '{sx.name}' {list(sx.ne)}, kernel '{c.name}' {list(c.ne)}")
     return _op(new_tensor(T.F32, c.ne[1], n_t, sx.ne[2]), "SSM_CONV", [sx, c])
 
 
@@ -704,9 +721,9 @@ def conv_2d(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d
 
 
 def conv_2d_direct(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
-    """ggml_conv_2d_direct: one CONV_2D op, [OW, OH, OC, N] of b's type (a: [KW, KH, IC, OC])."""
+    """ggml_conv_2d_direct: CONV_2D of the kernel a [KW, KH, IC, OC] over b [W, H, C, N]."""
     present(a, b)
-    if a.ne[2] != b.ne[2]:   # ggml.c GGML_ASSERT(a->ne[2] == b->ne[2])
+    if a.ne[2] != b.ne[2]:
         raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_conv_2d_direct GGML_ASSERT(a->ne[2] == b->ne[2])): kernel "
                         f"'{a.name}' {list(a.ne)} over '{b.name}' {list(b.ne)}")
     ne = (conv_output_size(b.ne[0], a.ne[0], s0, p0, d0), conv_output_size(b.ne[1], a.ne[1], s1, p1, d1), a.ne[3], b.ne[3])
@@ -726,6 +743,30 @@ def conv_2d_dw(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int
     return reshape(r, col.ne[1], col.ne[2], b.ne[2], b.ne[3])
 
 
+def conv_2d_dw_direct(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """ggml_conv_2d_dw_direct: CONV_2D_DW, one [KW, KH, 1, C] kernel per channel of b; a result in
+    b's channel-contiguous order (CWHN) where b has it."""
+    present(a, b)
+    if a.ne[2] != 1 or a.ne[3] != b.ne[2]:
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_conv_2d_dw_direct GGML_ASSERTs: a [KW, KH, 1, C] "
+                        f"kernel): '{a.name}' {list(a.ne)} over '{b.name}' {list(b.ne)}")
+    ne = (conv_output_size(b.ne[0], a.ne[0], s0, p0, d0), conv_output_size(b.ne[1], a.ne[1], s1, p1, d1), b.ne[2], b.ne[3])
+    r = new_tensor(b.type, *ne)
+    ts = type_size(b.type)
+    if b.nb[0] > b.nb[2] and b.nb[1] > b.nb[0] and b.nb[2] == ts:    # ggml_is_contiguous_channels(b)
+        nb0 = r.ne[2] * ts
+        r.nb = (nb0, r.ne[0] * nb0, ts, r.nb[3])
+    return _op(r, "CONV_2D_DW", [a, b], (s0, s1, p0, p1, d0, d1))
+
+
+def roll(a: Tensor, shift0: int, shift1: int, shift2: int, shift3: int) -> Tensor:
+    present(a)
+    if a.nb[0] != type_size(a.type) or any(abs(s) >= n for s, n in zip((shift0, shift1, shift2, shift3), _ne4(a.ne))):
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_roll GGML_ASSERTs: shifts under the sizes): '{a.name}' "
+                        f"{list(a.ne)} by {[shift0, shift1, shift2, shift3]}")
+    return _op(dup_tensor(a), "ROLL", [a], (shift0, shift1, shift2, shift3))
+
+
 def conv_1d(a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
     """ggml_conv_1d: im2col (1-D; f16, f32 for a bf16 kernel), a matrix product, then [OL, OC, N]."""
     col = im2col(a, b, s0, 0, p0, 0, d0, 0, False, T.F32 if a.type == T.BF16 else T.F16)
@@ -737,6 +778,22 @@ def conv_1d_ph(a: Tensor, b: Tensor, s: int, d: int) -> Tensor:
     """ggml_conv_1d_ph: half padding"""
     present(a)
     return conv_1d(a, b, s, a.ne[0] // 2, d)
+
+
+def conv_1d_dw(a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
+    """ggml_conv_1d_dw: a depthwise 1-D convolution, im2col over b as [L, 1, C] (f16, f32 for a bf16
+    kernel) times the kernel, [OL, C, 1]."""
+    present(a, b)
+    new_b = reshape(b, b.ne[0], 1, b.ne[1], b.ne[2])
+    col = im2col(a, new_b, s0, 0, p0, 0, d0, 0, False, T.F32 if a.type == T.BF16 else T.F16)
+    r = mul_mat(col, a)
+    return reshape(r, r.ne[0], r.ne[2], 1)
+
+
+def conv_1d_dw_ph(a: Tensor, b: Tensor, s0: int, d0: int) -> Tensor:
+    """ggml_conv_1d_dw_ph: half padding"""
+    present(a)
+    return conv_1d_dw(a, b, s0, a.ne[0] // 2, d0)
 
 
 POOL_MAX, POOL_AVG = 0, 1   # enum ggml_op_pool

@@ -12,7 +12,8 @@ from typing import Callable, Optional, Union
 from . import ggml
 from .cparams import CParams
 from .ggml import Cgraph, GGMLAbort, Tensor
-from .hparams import LLAMA_SWA_TYPE_NONE
+from .hparams import (LLAMA_POOLING_TYPE_CLS, LLAMA_POOLING_TYPE_LAST, LLAMA_POOLING_TYPE_MEAN, LLAMA_POOLING_TYPE_NONE,
+                      LLAMA_POOLING_TYPE_RANK, LLAMA_SWA_TYPE_NONE)
 from .kv_cache import KVCache
 from .kv_cache_dsa import KVCacheDSA, KVCacheDSAISWA
 from .kv_cache_dsv4 import DSV4_CSA_RATIO, DSV4_HCA_RATIO, CompPlan, KVCacheDSV4, reserve_comp_plan
@@ -45,6 +46,19 @@ class AttnInput:
     kq_mask: Tensor
     k_rot: Optional[Tensor]
     v_rot: Optional[Tensor]
+
+
+@dataclass
+class AttnInputNoCache:
+    """llm_graph_input_attn_no_cache: no memory, the keys are the ubatch's own tokens"""
+    kq_mask: Tensor
+    kq_mask_swa: Optional[Tensor]
+
+
+@dataclass
+class AttnInputCross:
+    """llm_graph_input_attn_cross: the decoder's mask over the encoder output."""
+    kq_mask: Tensor
 
 
 @dataclass
@@ -138,9 +152,9 @@ class DSV4Input:
 
 
 # llm_norm_type, llm_ffn_op_type, llm_ffn_gate_type
-LLM_NORM, LLM_NORM_RMS = "NORM", "RMS_NORM"
+LLM_NORM, LLM_NORM_RMS, LLM_NORM_GROUP = "NORM", "RMS_NORM", "GROUP_NORM"
 LLM_FFN_SILU, LLM_FFN_GELU, LLM_FFN_RELU, LLM_FFN_RELU_SQR = "SILU", "GELU", "RELU", "RELU_SQR"
-LLM_FFN_SWIGLU, LLM_FFN_GEGLU = "SWIGLU", "GEGLU"     # gate and up fused in ffn_up's rows
+LLM_FFN_SWIGLU, LLM_FFN_GEGLU, LLM_FFN_REGLU = "SWIGLU", "GEGLU", "REGLU"     # gate and up fused in ffn_up's rows
 LLM_FFN_SWIGLU_OAI_MOE = "SWIGLU_OAI_MOE"
 LLM_FFN_SITU = "SITU"
 # llama_expert_gating_func_type
@@ -158,7 +172,7 @@ SWIGLU_LIMIT_EPS = 1e-6   # a swiglu_clamp limit at or below this is no limit (l
 class GraphContext:
     model: Model
     cparams: CParams
-    kv: Union[KVCache, KVCacheISWA, KVCacheDSA, KVCacheDSAISWA, KVCacheDSV4, MemoryRecurrent, MemoryHybrid]
+    kv: Union[KVCache, KVCacheISWA, KVCacheDSA, KVCacheDSAISWA, KVCacheDSV4, MemoryRecurrent, MemoryHybrid, None]
     ubatch: Ubatch
     # graph_get_cb's backend pinning: pin(tensor, il) for "norm" and "l_last" (llama-context.cpp:2635)
     pin: Callable[[Tensor, int], None]
@@ -167,6 +181,7 @@ class GraphContext:
     gf: Cgraph = field(default_factory=Cgraph)
     t_logits: Optional[Tensor] = None
     t_embd: Optional[Tensor] = None
+    t_embd_pooled: Optional[Tensor] = None
     t_inp_embd: Optional[Tensor] = None  # res->t_inp_embd: the input rows (n_embd of each when n_embd_inp is wider)
     t_h_nextn: Optional[Tensor] = None   # the last hidden state, kept for multi-token prediction
     t_inp_tokens: Optional[Tensor] = None  # res->t_inp_tokens
@@ -231,6 +246,31 @@ class GraphContext:
         cur.set_input()
         set_name(cur, "out_ids")
         return cur
+
+    def build_inp_mean(self) -> Tensor:
+        cur = ggml.new_tensor(ggml.T.F32, self.ubatch.n_tokens, self.ubatch.n_seqs_unq)
+        cur.set_input()
+        set_name(cur, "mean")
+        return cur
+
+    def build_inp_cls(self) -> Tensor:
+        cur = ggml.new_tensor(ggml.T.I32, self.ubatch.n_seqs_unq)
+        cur.set_input()
+        set_name(cur, "cls")
+        return cur
+
+    def build_attn_inp_no_cache(self) -> AttnInputNoCache:
+        """build_attn_inp_no_cache: an n_tokens x n_tokens mask (f16 for flash attention), and one
+        for the sliding-window layers."""
+        type_mask = ggml.T.F16 if self.cparams.flash_attn else ggml.T.F32
+        kq_mask = ggml.new_tensor(type_mask, self.ubatch.n_tokens, self.ubatch.n_tokens, 1, 1)
+        kq_mask.set_input()
+        self.cb(kq_mask, "self_kq_mask", -1)
+        kq_mask_swa = None
+        if self.hparams.swa_type != LLAMA_SWA_TYPE_NONE:
+            kq_mask_swa = ggml.new_tensor(type_mask, self.ubatch.n_tokens, self.ubatch.n_tokens, 1, 1)
+            kq_mask_swa.set_input()
+        return AttnInputNoCache(kq_mask, kq_mask_swa)
 
     def build_attn_inp_kv(self) -> AttnInput:
         """build_attn_inp_kv_impl"""
@@ -416,6 +456,48 @@ class GraphContext:
         set_name(mask, "attn_inp_kq_mask")
         return mask
 
+    # --- encoder-decoder (t5) inputs ---------------------------------------------------
+
+    def build_attn_inp_cross(self) -> AttnInputCross:
+        """build_attn_inp_cross: an unnamed mask of n_enc x n_tokens; before any llama_encode (the
+        reserve) n_enc is n_ctx_train."""
+        mask = ggml.new_tensor(ggml.T.F16 if self.cparams.flash_attn else ggml.T.F32, self.hparams.n_ctx_train,
+                               self.ubatch.n_tokens, 1, 1)
+        mask.set_input()
+        return AttnInputCross(mask)
+
+    def build_inp_cross_embd(self) -> Tensor:
+        """build_inp_cross_embd: the encoder output the decoder attends, n_embd_inp x n_ctx_train
+        before any llama_encode (cross->v_embd empty: the reserve)."""
+        cur = ggml.new_tensor(ggml.T.F32, self.hparams.n_embd_inp(), self.hparams.n_ctx_train)
+        cur.set_input()
+        set_name(cur, "cross_embd")
+        return cur
+
+    def build_inp_pos_bucket_enc(self) -> Tensor:
+        n_tokens = self.ubatch.n_tokens
+        cur = ggml.new_tensor(ggml.T.I32, n_tokens, n_tokens)
+        cur.set_input()
+        set_name(cur, "pos_bucket_enc")
+        return cur
+
+    def build_inp_pos_bucket_dec(self) -> Tensor:
+        """build_inp_pos_bucket_dec: the buckets of every cached position for each token."""
+        cur = ggml.new_tensor(ggml.T.I32, self.kv.get_n_kv(), self.ubatch.n_tokens)
+        cur.set_input()
+        set_name(cur, "pos_bucket_dec")
+        return cur
+
+    def build_pos_bias(self, pos_bucket: Tensor, attn_rel_b: Tensor) -> Tensor:
+        """build_pos_bias: the relative position bias per head, [n_kv, n_tokens, n_head]."""
+        pos_bucket_1d = ggml.reshape(pos_bucket, pos_bucket.ne[0] * pos_bucket.ne[1])
+        self.cb(pos_bucket_1d, "pos_bucket_1d", -1)
+        pos_bias = ggml.get_rows(attn_rel_b, pos_bucket_1d)
+        pos_bias = ggml.reshape(pos_bias, pos_bias.ne[0], pos_bucket.ne[0], pos_bucket.ne[1])
+        pos_bias = ggml.cont(ggml.permute(pos_bias, 2, 0, 1, 3))
+        self.cb(pos_bias, "pos_bias", -1)
+        return pos_bias
+
     # --- layers ----------------------------------------------------------------------------------
 
     def build_lora_mm(self, w: Tensor, cur: Tensor, w_s: Optional[Tensor] = None) -> Tensor:
@@ -436,9 +518,14 @@ class GraphContext:
         return res
 
     def build_norm(self, cur: Tensor, mw: Optional[Tensor], mb: Optional[Tensor], type_: str, il: int) -> Tensor:
-        """build_norm with LLM_NORM or LLM_NORM_RMS"""
+        """build_norm with LLM_NORM, LLM_NORM_RMS or LLM_NORM_GROUP (over [n_tokens, channels] as one
+        row per channel)"""
         if type_ == LLM_NORM:
             cur = ggml.norm(cur, self.hparams.f_norm_eps)
+        elif type_ == LLM_NORM_GROUP:
+            cur = ggml.reshape(cur, cur.ne[0], 1, cur.ne[1])
+            cur = ggml.group_norm(cur, self.hparams.n_norm_groups, self.hparams.f_norm_group_eps)
+            cur = ggml.reshape(cur, cur.ne[0], cur.ne[2])
         else:
             cur = ggml.rms_norm(cur, self.hparams.f_norm_rms_eps)
         if mw is not None or mb is not None:
@@ -545,8 +632,9 @@ class GraphContext:
                 self.cb(cur, "ffn_gate_s", il)
         else:
             cur = tmp
-        if type_op in (LLM_FFN_SWIGLU, LLM_FFN_GEGLU):
-            cur = ggml.glu(cur, ggml.GLU_SWIGLU if type_op == LLM_FFN_SWIGLU else ggml.GLU_GEGLU)
+        if type_op in (LLM_FFN_SWIGLU, LLM_FFN_GEGLU, LLM_FFN_REGLU):
+            cur = ggml.glu(cur, {LLM_FFN_SWIGLU: ggml.GLU_SWIGLU, LLM_FFN_GEGLU: ggml.GLU_GEGLU,
+                                 LLM_FFN_REGLU: ggml.GLU_REGLU}[type_op])
             self.cb(cur, f"ffn_{type_op.lower()}", il)
         elif type_op == LLM_FFN_RELU_SQR:   # ungated only: llama.cpp has no gated squared relu
             cur = ggml.unary(cur, "RELU")
@@ -782,12 +870,15 @@ class GraphContext:
 
     def build_attn(self, inp, wo: Optional[Tensor], bo: Optional[Tensor], q_cur: Tensor, k_cur: Tensor,
                    v_cur: Tensor, kq_scale: float, il: int, sinks: Optional[Tensor] = None,
-                   v_mla: Optional[Tensor] = None, wo_s: Optional[Tensor] = None) -> Tensor:
+                   v_mla: Optional[Tensor] = None, wo_s: Optional[Tensor] = None,
+                   kq_b: Optional[Tensor] = None) -> Tensor:
         """build_attn(llm_graph_input_attn_kv *) and build_attn(llm_graph_input_attn_kv_iswa *): the
         iswa form picks the layer's cache and expands q, k, v (the plain form q, v, k); wo_s scales
-        the output projection."""
+        the output projection; kq_b is added to KQ (T5's position bias)."""
         if isinstance(inp, AttnInputK):
             return self.build_attn_k(inp, wo, bo, q_cur, k_cur, v_cur, kq_scale, il, v_mla, sinks)
+        if isinstance(inp, (AttnInputNoCache, AttnInputCross)):
+            return self.build_attn_no_cache(inp, wo, bo, q_cur, k_cur, v_cur, kq_scale, il, sinks, v_mla, wo_s, kq_b)
         iswa = isinstance(inp, AttnInputISWA)
         if iswa:
             inp = inp.swa if self.hparams.is_swa(il) else inp.base
@@ -806,10 +897,31 @@ class GraphContext:
             ggml.build_forward_expand(self.gf, kv.cpy_k(k_cur, inp.k_idxs, il))
         if v_cur is not None:
             ggml.build_forward_expand(self.gf, kv.cpy_v(v_cur, inp.v_idxs, il))
-        cur = self.build_attn_mha(q_cur, kv.get_k(il), kv.get_v(il), inp.kq_mask, kq_scale, il, sinks)
+        cur = self.build_attn_mha(q_cur, kv.get_k(il), kv.get_v(il), inp.kq_mask, kq_scale, il, sinks, kq_b=kq_b)
         self.cb(cur, "kqv_out", il)
         if inp.v_rot is not None:
             cur = mul_mat_hadamard(cur, inp.v_rot)
+        if wo is not None:
+            cur = self.build_lora_mm(wo, cur, wo_s)
+        if bo is not None:
+            cur = ggml.add(cur, bo)
+        return cur
+
+    def build_attn_no_cache(self, inp: Union[AttnInputNoCache, AttnInputCross], wo: Optional[Tensor],
+                            bo: Optional[Tensor], q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float,
+                            il: int, sinks: Optional[Tensor] = None, v_mla: Optional[Tensor] = None,
+                            wo_s: Optional[Tensor] = None, kq_b: Optional[Tensor] = None) -> Tensor:
+        """build_attn(llm_graph_input_attn_no_cache *): q, k, v expanded together (fewer splits),
+        attention over the ubatch itself with the layer's mask; build_attn(llm_graph_input_attn_cross *)
+        the same over the encoder output with the cross mask. kq_b: T5's position bias."""
+        for t in (q_cur, k_cur, v_cur):
+            ggml.build_forward_expand(self.gf, t)
+        if isinstance(inp, AttnInputCross):
+            kq_mask = inp.kq_mask
+        else:
+            kq_mask = inp.kq_mask_swa if self.hparams.is_swa(il) else inp.kq_mask
+        cur = self.build_attn_mha(q_cur, k_cur, v_cur, kq_mask, kq_scale, il, sinks, v_mla, kq_b=kq_b)
+        self.cb(cur, "kqv_out", il)
         if wo is not None:
             cur = self.build_lora_mm(wo, cur, wo_s)
         if bo is not None:
@@ -874,10 +986,12 @@ class GraphContext:
         return ggml.add(kq_mask_top_k, kq_mask)
 
     def build_attn_mha(self, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor, kq_scale: float, il: int,
-                       sinks: Optional[Tensor] = None, v_mla: Optional[Tensor] = None, n_kv_max: int = 0) -> Tensor:
+                       sinks: Optional[Tensor] = None, v_mla: Optional[Tensor] = None, n_kv_max: int = 0,
+                       kq_b: Optional[Tensor] = None) -> Tensor:
         """build_attn_mha: FLASH_ATTN_EXT, or KQ, softmax, KQV; attention sinks join the softmax;
         v_mla decompresses MLA's values (after FLASH_ATTN_EXT as a matrix product over permuted rows);
-        n_kv_max: the keys a top-k mask leaves (sparse attention), 0 for a dense mask."""
+        n_kv_max: the keys a top-k mask leaves (sparse attention), 0 for a dense mask; a KQ bias
+        (kq_b) is added before the softmax and turns flash attention off for this attention."""
         hp = self.hparams
         v_trans = v.nb[1] > v.nb[2]
         n_stream = k.ne[3]
@@ -886,7 +1000,7 @@ class GraphContext:
         q = ggml.permute(q, 0, 2, 1, 3)
         k = ggml.permute(k, 0, 2, 1, 3)
         v = ggml.permute(v, 0, 2, 1, 3)
-        if self.cparams.flash_attn:
+        if self.cparams.flash_attn and kq_b is None:
             if v_trans:
                 v = ggml.transpose(v)
             if k.type == ggml.T.F32:
@@ -919,6 +1033,9 @@ class GraphContext:
                 self.cb(kq, "kq_tanh", il)
                 kq = ggml.scale(kq, hp.f_attn_logit_softcapping)
                 self.cb(kq, "kq_scaled_2", il)
+            if kq_b is not None:
+                kq = ggml.add(kq, kq_b)
+                self.cb(kq, "kq_plus_kq_b", il)
             kq = ggml.soft_max_ext(kq, kq_mask, kq_scale, hp.f_max_alibi_bias)
             if sinks is not None:   # ggml_soft_max_add_sinks
                 kq.src.append(sinks)
@@ -972,9 +1089,68 @@ class GraphContext:
         self.t_logits = cur
         ggml.build_forward_expand(self.gf, cur)
 
+    def build_pooling(self) -> None:
+        """build_pooling (llama_model::build_graph adds it after every architecture's graph): with
+        embeddings, t_embd pooled by the context's pooling type into t_embd_pooled; rank runs the
+        classification head."""
+        if not self.cparams.embeddings:
+            return
+        model, hp, inp = self.model, self.hparams, self.t_embd
+        if inp is None:
+            raise GGMLAbort("llama.cpp would abort building the graph (build_pooling GGML_ASSERT: missing "
+                            "result_norm/result_embd tensor)")
+        pooling = self.cparams.pooling_type
+        if pooling == LLAMA_POOLING_TYPE_NONE:
+            cur = inp
+        elif pooling == LLAMA_POOLING_TYPE_MEAN or (pooling == LLAMA_POOLING_TYPE_RANK
+                                                    and hp.pooling_type_cls == LLAMA_POOLING_TYPE_MEAN):
+            cur = ggml.mul_mat(ggml.cont(ggml.transpose(inp)), self.build_inp_mean())
+        elif pooling in (LLAMA_POOLING_TYPE_CLS, LLAMA_POOLING_TYPE_LAST, LLAMA_POOLING_TYPE_RANK):
+            cur = ggml.get_rows(inp, self.build_inp_cls())
+        else:
+            raise GGMLAbort(f"llama.cpp would abort building the graph (build_pooling: GGML_ABORT unknown pooling "
+                            f"type {pooling})")
+        if pooling == LLAMA_POOLING_TYPE_RANK:
+            if model.cls is not None:   # the classification head
+                cur = ggml.mul_mat(model.cls, cur)
+                if model.cls_b is not None:
+                    cur = ggml.add(cur, model.cls_b)
+                cur = ggml.unary(cur, "GELU" if hp.arch == "modern-bert" else "TANH")
+                if model.cls_norm is not None:
+                    cur = self.build_norm(cur, model.cls_norm, None, LLM_NORM, -1)
+            if model.cls_out is not None:
+                cur = ggml.mul_mat(model.cls_out, cur)
+                if model.cls_out_b is not None:
+                    cur = ggml.add(cur, model.cls_out_b)
+            if hp.arch in ("qwen3", "qwen3vl"):   # the qwen3 reranker's softmax
+                cur = ggml.soft_max(cur)
+        self.cb(cur, "result_embd_pooled", -1)
+        self.t_embd_pooled = cur
+        ggml.build_forward_expand(self.gf, cur)
+
+    def build_dense_out(self) -> None:
+        """build_dense_out: with embeddings, sentence-transformers' dense projections after pooling."""
+        model = self.model
+        dense_2, dense_2_b, dense_3 = model.dense_2_out_layers, model.dense_2_out_layers_b, model.dense_3_out_layers
+        if not self.cparams.embeddings or (dense_2 is None and dense_2_b is None and dense_3 is None):
+            return
+        cur = self.t_embd_pooled if self.t_embd_pooled is not None else self.t_embd
+        if cur is None:
+            raise GGMLAbort("llama.cpp would abort building the graph (build_dense_out GGML_ASSERT: missing "
+                            "t_embd_pooled/t_embd)")
+        if dense_2 is not None:
+            cur = ggml.mul_mat(dense_2, cur)
+        if dense_2_b is not None:
+            cur = ggml.add(cur, dense_2_b)
+        if dense_3 is not None:
+            cur = ggml.mul_mat(dense_3, cur)
+        self.cb(cur, "result_embd_pooled", -1)
+        self.t_embd_pooled = cur
+        ggml.build_forward_expand(self.gf, cur)
+
     def set_outputs(self) -> None:
         """llm_graph_result::set_outputs"""
-        for t in (self.t_logits, self.t_embd, self.t_h_nextn):
+        for t in (self.t_logits, self.t_embd, self.t_embd_pooled, self.t_h_nextn):
             if t is not None:
                 t.set_output()
 

@@ -23,6 +23,11 @@ GGML_MROPE_SECTIONS = 4
 LLAMA_ROPE_SCALING_TYPES = {"none": 0, "linear": 1, "yarn": 2, "longrope": 3}
 LLAMA_ROPE_SCALING_TYPE_LONGROPE = 3
 
+# enum llama_pooling_type
+LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_POOLING_TYPE_NONE, LLAMA_POOLING_TYPE_MEAN = -1, 0, 1
+LLAMA_POOLING_TYPE_CLS, LLAMA_POOLING_TYPE_LAST, LLAMA_POOLING_TYPE_RANK = 2, 3, 4
+LLAMA_POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}   # --pooling's names
+
 
 class UnsupportedModel(Exception):
     """One-line reason why schedplan cannot plan this model (or why llama.cpp would refuse it)."""
@@ -37,6 +42,7 @@ class HParams:
     n_layer_all: int = 0          # block_count: with the multi-token-prediction (NextN) layers
     n_layer_nextn: int = 0        # nextn_predict_layers: loaded and placed, never in the main graph
     n_vocab: int = 0
+    n_token_types: int = 0        # vocab.n_token_types(): tokenizer.ggml.token_type_count (BERT's segments)
     n_head_arr: tuple[int, ...] = ()
     n_head_kv_arr: tuple[int, ...] = ()
     n_ff_arr: tuple[int, ...] = ()
@@ -56,6 +62,12 @@ class HParams:
     expert_gating_func: int = 0            # llama_expert_gating_func_type; 0 = NONE
     n_expert_shared: int = 0
     n_layer_dense_lead: int = 0
+    dense_2_feat_in: int = 0               # sentence-transformers' dense projections (gemma-embedding, gemma3)
+    dense_2_feat_out: int = 0
+    dense_3_feat_in: int = 0
+    dense_3_feat_out: int = 0
+    llm_ffn_op: str = ""                   # modern-bert: the FFN's op from hidden_activation (GEGLU by default)
+    moe_every_n_layers: int = 0            # nomic-bert-moe: every n-th layer's FFN is an expert one
     n_lora_q: int = 0                      # multi-head latent attention (DeepSeek V2/V3)
     n_lora_kv: int = 0
     n_embd_head_k_mla_impl: int = 0
@@ -72,6 +84,12 @@ class HParams:
     indexer_block_size: int = 0            # minimax-m3's MSA: positions per block, and the local blocks always kept
     indexer_local_blocks: int = 0
     f_norm_eps: float = 0.0
+    f_norm_group_eps: float = 0.0          # wavtokenizer-dec: its group norms (LLM_NORM_GROUP)
+    n_norm_groups: int = 0
+    posnet_n_embd: int = 0                 # wavtokenizer-dec: hparams.posnet and hparams.convnext
+    posnet_n_layer: int = 0
+    convnext_n_embd: int = 0
+    convnext_n_layer: int = 0
     f_clamp_kqv: float = 0.0
     f_max_alibi_bias: float = 0.0          # ALiBi (baichuan 13B, refact, bloom, mpt, jais): the attention's slope bias
     use_par_res: bool = False              # gptneox: attention and FFN in parallel (use_parallel_residual)
@@ -96,6 +114,10 @@ class HParams:
     n_moe_layer_step: int = 0              # llama4: every n-th layer has experts (interleave_moe_layer_step)
     use_kq_norm: bool = False              # llama4: L2 norm of Q and K on the rope layers
     causal_attn: bool = True
+    pooling_type: int = LLAMA_POOLING_TYPE_UNSPECIFIED       # the model's default pooling for embeddings
+    pooling_type_cls: int = LLAMA_POOLING_TYPE_UNSPECIFIED   # a rank head's pooling (modern-bert's "mean")
+    n_cls_out: int = 1                     # a classifier's outputs: classifier.output_labels' length
+    n_embd_out_impl: int = 0               # embedding_length_out: the embeddings' width when not n_embd
     # recurrent layers (llama_memory_recurrent): Mamba-2, gated delta net, short convolution
     ssm_d_conv: int = 0
     ssm_d_inner: int = 0
@@ -126,6 +148,9 @@ class HParams:
     # nemotron_h: a non-recurrent layer is attention-only (no FFN size) or FFN-only (no KV heads)
     attn_only_arr: tuple[bool, ...] = ()
     ffn_only_arr: tuple[bool, ...] = ()
+    # t5, t5encoder: relative position buckets; t5's decoder block count (n_layer unless the file says)
+    n_rel_attn_bkts: int = 0
+    dec_n_layer: int = 0
     f_logit_scale: float = 0.0
     f_residual_scale: float = 0.0
     n_ff_shexp: int = 0
@@ -289,6 +314,9 @@ class HParams:
     def n_embd_inp(self) -> int:
         """llama_hparams::n_embd_inp: n_embd plus one n_embd per deepstack layer (uint32_t arithmetic)."""
         return (self.n_embd + self.n_embd * self.n_deepstack_layers) & 0xFFFFFFFF
+
+    def n_embd_out(self) -> int:
+        return self.n_embd_out_impl if self.n_embd_out_impl > 0 else self.n_embd
 
     def n_pos_per_embd(self) -> int:
         return GGML_MROPE_SECTIONS if self.rope_type in (LLAMA_ROPE_TYPE_MROPE, LLAMA_ROPE_TYPE_IMROPE) else 1

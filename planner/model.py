@@ -15,7 +15,8 @@ from . import ggml, models
 from .arch import LAYER_INPUT, LAYER_OUTPUT, LLM_TENSOR_INFOS
 from .gallocr import alloc_ctx_tensors
 from .ggml import Buffer, Tensor
-from .hparams import LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_ROPE_SCALING_TYPES, HParams
+from .hparams import (LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_ROPE_SCALING_TYPES,
+                      HParams)
 from .gguf import BOOL, INT32, UINT32, shown
 from .model_loader import (TENSOR_ALLOW_RESHAPE, TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, TENSOR_READ_LAZY, TENSOR_SKIP,
                            TN, ModelLoader, tn)
@@ -45,6 +46,45 @@ class LayerSwitchLora:
 
 
 @dataclass
+class LayerPosnet:
+    """llama_layer_posnet: wavtokenizer-dec's posnet blocks (resnet, attention or the final norm)."""
+    norm1: Optional[Tensor] = None
+    norm1_b: Optional[Tensor] = None
+    conv1: Optional[Tensor] = None
+    conv1_b: Optional[Tensor] = None
+    norm2: Optional[Tensor] = None
+    norm2_b: Optional[Tensor] = None
+    conv2: Optional[Tensor] = None
+    conv2_b: Optional[Tensor] = None
+    attn_norm: Optional[Tensor] = None
+    attn_norm_b: Optional[Tensor] = None
+    attn_q: Optional[Tensor] = None
+    attn_q_b: Optional[Tensor] = None
+    attn_k: Optional[Tensor] = None
+    attn_k_b: Optional[Tensor] = None
+    attn_v: Optional[Tensor] = None
+    attn_v_b: Optional[Tensor] = None
+    attn_o: Optional[Tensor] = None
+    attn_o_b: Optional[Tensor] = None
+    norm: Optional[Tensor] = None
+    norm_b: Optional[Tensor] = None
+
+
+@dataclass
+class LayerConvnext:
+    """llama_layer_convnext: wavtokenizer-dec's ConvNeXt blocks."""
+    dw: Optional[Tensor] = None
+    dw_b: Optional[Tensor] = None
+    norm: Optional[Tensor] = None
+    norm_b: Optional[Tensor] = None
+    pw1: Optional[Tensor] = None
+    pw1_b: Optional[Tensor] = None
+    pw2: Optional[Tensor] = None
+    pw2_b: Optional[Tensor] = None
+    gamma: Optional[Tensor] = None
+
+
+@dataclass
 class Layer:
     """llama_layer: the weights of one block that the supported builders use (None when absent)."""
     attn_norm: Optional[Tensor] = None
@@ -70,6 +110,9 @@ class Layer:
     visexp_ffn_up: Optional[Tensor] = None
     attn_post_norm: Optional[Tensor] = None
     attn_out_norm: Optional[Tensor] = None
+    attn_out_norm_b: Optional[Tensor] = None
+    layer_out_norm: Optional[Tensor] = None      # BERT's post-FFN norm
+    layer_out_norm_b: Optional[Tensor] = None
     ffn_norm: Optional[Tensor] = None
     ffn_norm_b: Optional[Tensor] = None
     ffn_gate: Optional[Tensor] = None
@@ -152,6 +195,24 @@ class Layer:
     ffn_routed_down: Optional[Tensor] = None   # kimi-k3: the routed experts' latent projections
     ffn_routed_up: Optional[Tensor] = None
     ffn_routed_norm: Optional[Tensor] = None
+    # t5, t5encoder: the encoder's block (*_enc), the decoder's relative position bias and cross-attention
+    attn_norm_enc: Optional[Tensor] = None
+    attn_rel_b_enc: Optional[Tensor] = None
+    wq_enc: Optional[Tensor] = None
+    wk_enc: Optional[Tensor] = None
+    wv_enc: Optional[Tensor] = None
+    wo_enc: Optional[Tensor] = None
+    ffn_norm_enc: Optional[Tensor] = None
+    ffn_gate_enc: Optional[Tensor] = None
+    ffn_down_enc: Optional[Tensor] = None
+    ffn_up_enc: Optional[Tensor] = None
+    attn_rel_b: Optional[Tensor] = None
+    attn_norm_cross: Optional[Tensor] = None
+    attn_rel_b_cross: Optional[Tensor] = None
+    wq_cross: Optional[Tensor] = None
+    wk_cross: Optional[Tensor] = None
+    wv_cross: Optional[Tensor] = None
+    wo_cross: Optional[Tensor] = None
     attn_norm_2: Optional[Tensor] = None       # RWKV: the time mix (attention) and channel mix (FFN)
     attn_norm_2_b: Optional[Tensor] = None
     time_mix_w0: Optional[Tensor] = None
@@ -266,6 +327,8 @@ class Layer:
     ple_norm_query: Optional[Tensor] = None
     ple_norm_conv: Optional[Tensor] = None
     ple_conv1d: Optional[Tensor] = None
+    posnet: LayerPosnet = field(default_factory=LayerPosnet)
+    convnext: LayerConvnext = field(default_factory=LayerConvnext)
 
 
 @dataclass
@@ -274,9 +337,21 @@ class Model:
     tok_embd: Optional[Tensor] = None
     tok_norm: Optional[Tensor] = None               # RWKV's LN0 after the embeddings
     tok_norm_b: Optional[Tensor] = None
+    conv1d: Optional[Tensor] = None                 # wavtokenizer-dec's input convolution
+    conv1d_b: Optional[Tensor] = None
     pos_embd: Optional[Tensor] = None               # learned positions (starcoder, gpt2, ...)
+    type_embd: Optional[Tensor] = None              # BERT's token-type rows
+    cls: Optional[Tensor] = None                    # build_pooling's classification (rank) head
+    cls_b: Optional[Tensor] = None
+    cls_out: Optional[Tensor] = None
+    cls_out_b: Optional[Tensor] = None
+    cls_norm: Optional[Tensor] = None
+    dense_2_out_layers: Optional[Tensor] = None     # build_dense_out: sentence-transformers' dense modules
+    dense_2_out_layers_b: Optional[Tensor] = None
+    dense_3_out_layers: Optional[Tensor] = None
     output_norm: Optional[Tensor] = None
     output_norm_b: Optional[Tensor] = None
+    output_norm_enc: Optional[Tensor] = None        # an encoder's output norm (neo-bert)
     output: Optional[Tensor] = None
     output_b: Optional[Tensor] = None
     per_layer_tok_embd: Optional[Tensor] = None     # gemma3n, gemma4 E2B/E4B
@@ -284,6 +359,7 @@ class Model:
     altup_unembd_proj: Optional[Tensor] = None
     per_layer_model_proj: Optional[Tensor] = None
     per_layer_proj_norm: Optional[Tensor] = None
+    output_norm_enc: Optional[Tensor] = None        # t5, t5encoder: the encoder's final norm
     output_res_score: Optional[Tensor] = None       # kimi-k3: the final residual mix's scores
     hc_head_fn: Optional[Tensor] = None             # DeepSeek-V4: the hyper-connection streams merged for the head
     hc_head_base: Optional[Tensor] = None
@@ -317,9 +393,14 @@ def load_hparams(ml: ModelLoader) -> HParams:
     arch = models.arch_module(ml)
     hp = HParams(ml.arch)
     hp.n_vocab = ml.n_tokens()
+    hp.n_token_types = ml.get_u32("tokenizer.ggml.token_type_count", 0)
     hp.n_ctx_train = ml.get_u32("%s.context_length")
     hp.n_embd = ml.get_u32("%s.embedding_length")
+    hp.n_embd_out_impl = ml.get_u32("%s.embedding_length_out", 0)
     hp.causal_attn = ml.get_bool("%s.attention.causal", True)
+    # enum llama_pooling_type read from a uint32_t (llama_model_loader::get_key's overload)
+    hp.pooling_type = ml.get_i32_from_u32("%s.pooling_type", LLAMA_POOLING_TYPE_UNSPECIFIED)
+    hp.pooling_type_cls = ml.get_i32_from_u32("%s.classifier.pooling_type", LLAMA_POOLING_TYPE_UNSPECIFIED)
     n_layer = ml.get_u32("%s.block_count")     # n_layer_all: per-layer arrays have this many entries
     require(ml, 0 < n_layer <= LLAMA_MAX_LAYERS,
             f"{ml.key('%s.block_count')} is {n_layer}, must be in 1..{LLAMA_MAX_LAYERS} (LLAMA_MAX_LAYERS)")
@@ -335,6 +416,16 @@ def load_hparams(ml: ModelLoader) -> HParams:
     if ml.arch in ("hunyuan_vl", "hunyuan-dense") and hp.n_expert <= 1:   # a single "expert" is no MoE
         hp.n_expert = 0
         hp.n_expert_used_arr = (0,) * n_layer
+    if ml.arch == "wavtokenizer-dec":   # its embedding width is features_length; embedding_length is its output's
+        hp.n_embd = ml.get_u32("%s.features_length")
+        hp.n_embd_out_impl = ml.get_u32("%s.embedding_length")
+        hp.posnet_n_embd = ml.get_u32("%s.posnet.embedding_length")
+        hp.posnet_n_layer = ml.get_u32("%s.posnet.block_count")
+        hp.convnext_n_embd = ml.get_u32("%s.convnext.embedding_length")
+        hp.convnext_n_layer = ml.get_u32("%s.convnext.block_count")
+        require(ml, hp.posnet_n_layer <= n_layer and hp.convnext_n_layer <= n_layer,
+                f"{ml.key('%s.posnet.block_count')} ({hp.posnet_n_layer}) and {ml.key('%s.convnext.block_count')} "
+                f"({hp.convnext_n_layer}) must not exceed {ml.key('%s.block_count')} ({n_layer})")
     check_experts(ml, hp)
 
     hp.n_ff_arr = ml.get_key_or_arr("%s.feed_forward_length", n_layer, 0)
@@ -353,12 +444,16 @@ def load_hparams(ml: ModelLoader) -> HParams:
         hp.n_embd_head_k_full = ml.get_u32("%s.attention.key_length", hp.n_embd // hp.n_head())
         hp.n_embd_head_v_full = ml.get_u32("%s.attention.value_length", hp.n_embd // hp.n_head())
         hp.n_rot_full = ml.get_u32("%s.rope.dimension_count", hp.n_embd_head_k_full)
-        if ml.arch in ("llama", "falcon") and hp.n_rot_full != hp.n_embd_head_k_full:
+        if ml.arch in ("llama", "falcon", "llama-embed") and hp.n_rot_full != hp.n_embd_head_k_full:
             ml.fail(f"invalid n_rot: {hp.n_rot_full}, expected {hp.n_embd_head_k_full}")
     hp.n_embd_head_k_swa = ml.get_u32("%s.attention.key_length_swa", hp.n_embd_head_k_full)
     hp.n_embd_head_v_swa = ml.get_u32("%s.attention.value_length_swa", hp.n_embd_head_v_full)
     hp.n_rot_swa = ml.get_u32("%s.rope.dimension_count_swa", hp.n_rot_full)
     hp.is_swa_arr = (False,) * n_layer
+    # for classifier models: as many outputs as labels
+    n_labels = ml.get_arr_n_str("%s.classifier.output_labels")
+    if n_labels > 0:
+        hp.n_cls_out = n_labels
 
     try:
         arch.load_arch_hparams(ml, hp)
@@ -582,10 +677,12 @@ class TensorCreator:
         layer.nextn_shared_head_norm = self.create_tensor(tn("NEXTN_SHARED_HEAD_NORM", "weight", bid), (n_embd,),
                                                           TENSOR_NOT_REQUIRED | flags)
 
-    def create_output(self, model: Model, n_embd: int, n_vocab: int) -> None:
-        """The output head most builders share: output_norm, output or the tied token_embd."""
+    def create_output(self, model: Model, n_embd: int, n_vocab: int, n_vocab_out: Optional[int] = None) -> None:
+        """The output head most builders share: output_norm, output (n_vocab_out rows where the head is
+        narrower than the vocabulary: qwen3tts) or the tied token_embd."""
         model.output_norm = self.create_tensor(tn("OUTPUT_NORM", "weight"), (n_embd,))
-        model.output = self.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab), TENSOR_NOT_REQUIRED)
+        model.output = self.create_tensor(tn("OUTPUT", "weight"), (n_embd, n_vocab if n_vocab_out is None else n_vocab_out),
+                                          TENSOR_NOT_REQUIRED)
         if model.output is None:
             model.output = self.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab), TENSOR_DUPLICATED)
 

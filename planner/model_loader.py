@@ -158,6 +158,24 @@ class ModelLoader:
             return default
         return self._typed(key, gguf_type)
 
+    def get_i32_from_u32(self, kv: str, default: int) -> int:
+        """get_key into an enum through a uint32_t (the enum's int reads the bits as signed)."""
+        value = self.get_u32(kv, default & 0xFFFFFFFF)
+        return value - (1 << 32) if value >= 1 << 31 else value
+
+    def get_arr_n_str(self, kv: str) -> int:
+        """get_arr into a std::vector<std::string>, not required: its length, 0 where the key is
+        absent or not an array; an array of another element type is refused as the loader refuses it."""
+        key = self.key(kv)
+        if not self.is_array(kv):
+            return 0
+        elem = self.header.kv_types[key][1]
+        if elem not in _ARRAY_ELEM_TYPES or elem == BOOL:
+            self.fail(f"{key} is not a string/float32/uint32/int32/uint64 array")
+        if elem != STRING:
+            self.fail(f"{key} has wrong array element type {_type_name(elem, None)}")
+        return len(self.header.get(key))
+
     def has(self, kv: str) -> bool:
         return self.header.get(self.key(kv)) is not None
 
@@ -245,7 +263,11 @@ class ModelLoader:
         return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in (int(x) & 0xFFFFFFFF for x in self.header.get(key)))
 
     def n_tokens(self) -> int:
-        """vocab.n_tokens(): the length of tokenizer.ggml.tokens (its count is bounded by the reader)."""
+        """vocab.n_tokens(): the length of tokenizer.ggml.tokens (its count is bounded by the reader); without
+        a vocabulary (tokenizer.ggml.model "none" or "no_vocab": wavtokenizer-dec) the %s.vocab_size dummy
+        tokens llama_vocab::impl::load adds."""
+        if self.get_str("tokenizer.ggml.model", "") in ("none", "no_vocab"):
+            return self.get_u32("%s.vocab_size", 0)
         return self.header.array_len("tokenizer.ggml.tokens") if self.header.get("tokenizer.ggml.tokens") is not None else 0
 
     def check_tensor_dims(self, name: str, ne: tuple[int, ...], required: bool,

@@ -41,6 +41,8 @@ class Params:
     load_mtp: bool = False          # llama_model_params::load_mtp: the NextN (MTP) blocks' weights are loaded
     ctx_type: str = "default"       # llama_context_params::ctx_type: "mtp" builds the MTP draft head's graph
     n_rs_seq: int = 0               # llama_context_params::n_rs_seq: recurrent-state snapshots per sequence
+    embeddings: bool = False        # --embedding (--rerank): the context outputs embeddings
+    pooling_type: str = "unspecified"   # --pooling none|mean|cls|last|rank; unspecified: the model's
 
 
 @dataclass(frozen=True)

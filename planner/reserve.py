@@ -70,7 +70,8 @@ class Context:
     cparams: CParams
     devices: Devices
     model: Model
-    kv: Union[KVCache, KVCacheISWA, KVCacheDSA, KVCacheDSAISWA, KVCacheDSV4, KVCacheMSA, MemoryRecurrent, MemoryHybrid]
+    kv: Union[KVCache, KVCacheISWA, KVCacheDSA, KVCacheDSAISWA, KVCacheDSV4, KVCacheMSA, MemoryRecurrent, MemoryHybrid,
+              None]     # llama_context::memory: None where the model keeps none
     sched: Sched
     output_buffer_size: int
     graph_renames_persistent: bool = False   # a built graph renamed a weight or a cache tensor
@@ -88,10 +89,18 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
                          load_mtp=params.load_mtp)
     # the cache is created before the FA probe: "auto" still counts as on (v_trans = !flash_attn)
     kv = create_memory(hp, cp, devices)
-    # output_reserve(n_seq_max): logits for n_seq_max outputs, f32
-    output_size = hp.n_vocab * cp.n_seq_max * 4
+    output_size = output_reserve_size(hp, cp)
     sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size)
+
+
+def output_reserve_size(hp: HParams, cp: CParams) -> int:
+    """output_reserve(n_seq_max) at construction: f32 logits for n_seq_max outputs, and as many
+    embeddings (n_embd_out wide) when the context computes them, which T5 always does ("TODO:
+    hacky enc-dec support", llama-context.cpp:2131)."""
+    has_embd = cp.embeddings or hp.arch == "t5"
+    n_floats = hp.n_vocab + (hp.n_embd_out() if has_embd else 0)
+    return n_floats * cp.n_seq_max * 4
 
 
 def check_mtp_context(ml: ModelLoader, hp: HParams) -> None:
@@ -112,6 +121,12 @@ HYBRID_ARCHS = frozenset({"bailingmoe3", "falcon-h1", "glm5-next", "granitehybri
                           "qwen35moe", "qwen4exp"})
 
 
+# the architectures llama_model::create_memory gives no memory (res = nullptr): their attention runs
+# over the ubatch alone (build_attn_inp_no_cache)
+NO_MEMORY_ARCHS = frozenset({"bert", "dream", "eurobert", "gemma-embedding", "jina-bert-v2", "jina-bert-v3", "llada",
+                             "llada-moe", "modern-bert", "neo-bert", "nomic-bert", "nomic-bert-moe", "rnd1",
+                             "wavtokenizer-dec"})
+
 # the architectures with MiniMax sparse attention over llama_kv_cache_msa
 MSA_ARCHS = frozenset({"minimax-m3"})
 
@@ -121,7 +136,7 @@ RESERVE_PP_ONE_SEQ_ARCHS = frozenset({"kimi-linear", "minimax-01"})
 
 def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, KVCacheISWA, KVCacheDSA, KVCacheDSAISWA,
                                                                       KVCacheDSV4, KVCacheMSA, MemoryRecurrent,
-                                                                      MemoryHybrid]:
+                                                                      MemoryHybrid, None]:
     """llama_model::create_memory: llama_memory_recurrent (r/s states in f32, one cell per
     sequence and cp.n_rs_seq rollback snapshots of it), llama_memory_hybrid (the
     attention layers in a llama_kv_cache, or a llama_kv_cache_iswa for llama_memory_hybrid_iswa
@@ -129,11 +144,14 @@ def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, 
     layer filters; with an indexer cache beside, llama_memory_hybrid_idx), llama_kv_cache_dsa for
     DeepSeek sparse attention (llama_kv_cache_dsa_iswa beside sliding-window layers), llama_kv_cache_msa
     for MiniMax sparse attention, llama_kv_cache_dsv4 for DeepSeek-V4, llama_kv_cache, or
-    llama_kv_cache_iswa when the model has sliding-window layers."""
+    llama_kv_cache_iswa when the model has sliding-window layers; None for the architectures that
+    keep no memory."""
     def kv_buft(il: int):
         # the layer's device buffer type with offload_kqv, else the CPU buffer type
         return devices.layer_backend[il].buft if cp.offload_kqv else devices.cpu.buft
 
+    if hp.arch in NO_MEMORY_ARCHS:
+        return None
     v_trans = not cp.flash_attn
     rs_size = max(1, cp.n_seq_max)
     if cp.mtp and hp.arch in ("qwen35", "qwen35moe"):
@@ -242,6 +260,8 @@ def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
     g = GraphContext(ctx.model, ctx.cparams, ctx.kv, ubatch, pin=pin, pin_cpu=pin_cpu)
     module = models.module(ctx.hparams.arch)
     (module.build_mtp if ctx.cparams.mtp else module.build)(g)
+    g.build_pooling()
+    g.build_dense_out()
     g.set_outputs()
     ctx.graph_renames_persistent |= g.renamed_persistent
     return g
@@ -422,7 +442,7 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
                    for name, s in stats.items()},
         "splits": {name: s.split_list for name, s in stats.items()},
         "peaks": {name: s.peaks for name, s in stats.items()},
-        "kv_buffers": ctx.kv.memory_breakdown(),
+        "kv_buffers": memory_breakdown(ctx),
         "output_buffers": {ctx.devices.output_buft.name: ctx.devices.output_buft.buffer_size(ctx.output_buffer_size)},
         "model_buffers": _sum_by_buft(ctx.model.buffers),
     }
@@ -436,6 +456,11 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
             graph_reserve(ctx, n_seqs, n_seqs, n_seqs)
         result["tensors"] = tensor_listing(ctx)
     return result
+
+
+def memory_breakdown(ctx: Context) -> dict[str, int]:
+    """The memory module's buffers per buffer type (none without memory)."""
+    return ctx.kv.memory_breakdown() if ctx.kv is not None else {}
 
 
 def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector: Optional["MmprojPlan"] = None) -> list[dict]:

@@ -255,7 +255,7 @@ def test_gptj_is_refused_as_llama_cpp_refuses_it(tmp_path):
                      "unsupported model architecture: 'gptj'")
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-falcon"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-falcon", "tiny-llama-embed"])
 def test_partial_rope_refused_where_llama_cpp_refuses_it(tmp_path, model):
     """llama_model_base::load_hparams throws 'invalid n_rot' for llama (and deci, falcon,
     llama-embed) when rope.dimension_count is not the head size."""
@@ -269,6 +269,36 @@ def test_partial_rope_refused_where_llama_cpp_refuses_it(tmp_path, model):
     path = tmp_path / "n_rot.gguf"
     _write_header(config, path, specs)
     assert_cli_error(invoke(path, "-c", "4096"), "invalid n_rot: 32, expected 64")
+
+
+def test_t5_decoder_longer_than_encoder_refused_as_llama_cpp_refuses_it(tmp_path):
+    """llama_model_t5 places each decoder block by pimpl->dev_layer.at(bid), sized by block_count:
+    a t5.decoder_block_count above it fails the load (seen: 'vector::_M_range_check: __n (which is
+    4) >= this->size() (which is 4)' with tiny-t5's 4 blocks and 5 decoder blocks)."""
+    import copy
+
+    from fixtures.make_gguf import _write_header, load_config, tensor_specs
+    config = copy.deepcopy(load_config("tiny-t5"))
+    config["metadata"]["t5.decoder_block_count"] = 4
+    specs = tensor_specs(config)
+    config["metadata"]["t5.decoder_block_count"] = 5
+    path = tmp_path / "t5-dec5.gguf"
+    _write_header(config, path, specs)
+    assert_cli_error(invoke(path, "-c", "4096"), "t5.decoder_block_count is 5, more than the 4 blocks",
+                     "fails to load")
+
+
+@pytest.mark.parametrize("model", ["tiny-t5", "tiny-t5encoder"])
+def test_t5_without_relative_position_bias_refused_as_llama_cpp_crashes(tmp_path, model):
+    """attn_rel_b is optional at load, but build_pos_bias reads layer 0's when a layer has none:
+    without any, real llama.cpp dies of SIGSEGV building the reserve graph (seen, tiny-t5)."""
+    import copy
+
+    from fixtures.make_gguf import load_config, write_gguf
+    config = copy.deepcopy(load_config(model))
+    config["optional_tensors"] = [g for g in config["optional_tensors"] if "attn_rel_b" not in g]
+    path = write_gguf(config, tmp_path / "no-rel-b.gguf", header_only=True)
+    assert_cli_error(invoke(path, "-c", "4096"), "llama.cpp would crash", "layer 0 has no relative position bias")
 
 
 def test_mpt_qk_norm_aborts_as_llama_cpp_does(tmp_path):
@@ -447,6 +477,40 @@ def test_llama4_that_aborts_on_the_first_decode_is_refused_in_one_line(tmp_path,
     config["metadata"][f"llama4.{key}"] = value
     path = write_gguf(config, tmp_path / "l4.gguf", header_only=True)
     assert_cli_error(invoke(path), *needles)
+
+
+@pytest.mark.parametrize("changes,needles", [
+    ({"block_count": 7, "posnet.block_count": 7}, ("unknown posnet layer 6",)),
+    ({"posnet.block_count": 7}, ("posnet.block_count (7)", "block_count (6)")),
+    ({"convnext.embedding_length": 96}, ("posnet width (128)", "convnext width (96)")),
+])
+def test_wavtokenizer_dec_posnet_llama_cpp_aborts_on_is_refused_in_one_line(tmp_path, changes, needles):
+    """llama_model_wavtokenizer_dec::load_arch_tensors GGML_ABORTs on a posnet block past the sixth and
+    asserts equal posnet and convnext widths; load_hparams asserts the posnet and convnext block
+    counts are at most block_count: the plan refuses each in one line."""
+    import copy
+
+    from fixtures.make_gguf import _write_header, load_config, tensor_specs
+    config = copy.deepcopy(load_config("tiny-wavtokenizer-dec"))
+    specs = tensor_specs(config)
+    for key, value in changes.items():
+        config["metadata"][f"wavtokenizer-dec.{key}"] = value
+    path = tmp_path / "wt.gguf"
+    _write_header(config, path, specs)
+    assert_cli_error(invoke(path), "llama.cpp would abort", *needles)
+
+
+def test_qwen3tts_with_a_vocabulary_below_its_codec_head_is_refused_in_one_line(tmp_path):
+    """qwen3tts's lm_head is always 3072 rows (llama_model_qwen3vl::load_arch_tensors); a vocabulary
+    smaller than that loads, then qwen3vl.cpp's graph aborts ("invalid case", seen with real
+    llama.cpp at context creation): the plan refuses it in one line."""
+    import copy
+
+    from fixtures.make_gguf import load_config, write_gguf
+    config = copy.deepcopy(load_config("tiny-qwen3tts"))
+    config["vocab"]["n_vocab"] = 1024
+    path = write_gguf(config, tmp_path / "tts.gguf", header_only=True)
+    assert_cli_error(invoke(path), "invalid case", "3072 rows", "token_embd's 1024")
 
 
 @pytest.mark.parametrize("name", ["tiny-glm4moe", "tiny-qwen35-mtp", "tiny-qwen35moe-mtp", "tiny-qwen3next-mtp",

@@ -54,8 +54,11 @@ def test_header_only_file_parses_and_matches_config(tmp_path, name):
             assert h.kv_types[key] == (6, None), key           # f32
     assert h.arch() == arch
     assert h.get("general.file_type") is not None
-    assert h.array_len("tokenizer.ggml.tokens") == hp.n_vocab == config["vocab"]["n_vocab"]
-    assert h.array_len("tokenizer.ggml.scores") == h.array_len("tokenizer.ggml.token_type") == hp.n_vocab
+    if config["vocab"].get("model") == "none":   # no vocabulary: <arch>.vocab_size dummy tokens (wavtokenizer-dec)
+        assert h.get("tokenizer.ggml.model") == "none" and hp.n_vocab == config["vocab"]["n_vocab"]
+    else:
+        assert h.array_len("tokenizer.ggml.tokens") == hp.n_vocab == config["vocab"]["n_vocab"]
+        assert h.array_len("tokenizer.ggml.scores") == h.array_len("tokenizer.ggml.token_type") == hp.n_vocab
 
     # tensors: names, shapes and types as the config says, in the config's file order
     specs = mk.tensor_specs(name)
@@ -66,7 +69,7 @@ def test_header_only_file_parses_and_matches_config(tmp_path, name):
     embd = "output.weight" if arch == "codeshell" and "token_embd.weight" not in by_name else "token_embd.weight"
     assert by_name[embd].ne == (hp.n_embd, hp.n_vocab)
     assert ("output.weight" in by_name) == (not config["tied_embeddings"])
-    # the block's first norm: before attention, or after it where there is none before (olmo2); looped
+    # the block's first norm: before attention, or after it where there is none before (olmo2, bert); looped
     # files hold fewer blocks than the graph runs (nanbeige, hrm_text); hyper-connections norm hc streams
     # of n_embd (qwen4exp: their gammas written flat)
     n_blocks = len({t.name.split(".")[1] for t in h.tensors if t.name.startswith("blk.")})
@@ -79,8 +82,9 @@ def test_header_only_file_parses_and_matches_config(tmp_path, name):
         if f"blk.{il}.hc_attn_norm.weight" in by_name:
             norm, n_norm = by_name[f"blk.{il}.hc_attn_norm.weight"], hp.n_embd * hp.dsv4_hc_mult
         else:
+            # (BERT's post-norm blocks: the norm after attention, attn_output_norm)
             norm = (by_name.get(f"blk.{il}.attn_norm.weight") or by_name.get(f"blk.{il}.post_attention_norm.weight")
-                    or by_name[f"blk.{il}.ffn_norm.weight"])
+                    or by_name.get(f"blk.{il}.attn_output_norm.weight") or by_name[f"blk.{il}.ffn_norm.weight"])
             n_norm = hp.n_embd
         assert norm.ne == (n_norm,)
         assert norm.type == 0                                                          # F32

@@ -96,10 +96,14 @@ ARCH_MODELS = ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-qwen2moe", "ti
                "tiny-gpt2", "tiny-gptneox", "tiny-bloom", "tiny-mpt", "tiny-falcon", "tiny-falcon-40b",
                "tiny-chatglm", "tiny-deepseek2-ocr", "tiny-paddleocr", "tiny-chameleon", "tiny-cogvlm", "tiny-gemma3n",
                "tiny-codeshell", "tiny-nemotron", "tiny-jais", "tiny-openelm", "tiny-bitnet", "tiny-bailingmoe", "tiny-deci",
-               "tiny-hy_v3", "tiny-hy_v4", "tiny-hy_v4-full", "tiny-laguna", "tiny-laguna-full"]
+               "tiny-hy_v3", "tiny-hy_v4", "tiny-hy_v4-full", "tiny-laguna", "tiny-laguna-full",
+               "tiny-bert", "tiny-bert-rerank", "tiny-nomic-bert", "tiny-nomic-bert-moe", "tiny-jina-bert-v2",
+               "tiny-jina-bert-v3", "tiny-modern-bert", "tiny-neo-bert", "tiny-eurobert", "tiny-gemma-embedding",
+               "tiny-t5", "tiny-t5encoder", "tiny-qwen3tts", "tiny-pockettts", "tiny-wavtokenizer-dec",
+               "tiny-pangu-embedded", "tiny-llama-embed", "tiny-dream", "tiny-llada", "tiny-llada-moe", "tiny-rnd1"]
 FIXED_LAYOUT = {"qwen35", "qwen35moe", "qwen3next", "lfm2", "mamba2", "granitehybrid", "nemotron_h", "kimi-linear",
                 "jamba", "plamo2", "minimax-01", "bailingmoe3", "dots3note", "apertus", "spark2_5",
-                "maple", "qwen4exp", "gemma3n", "openelm", "deci"}
+                "maple", "qwen4exp", "gemma3n", "openelm", "deci", "wavtokenizer-dec"}
 
 
 def random_arch_config(rng: random.Random, name: str) -> dict:
@@ -142,7 +146,7 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
                 "smallthinker", "minimax-m2", "deepseek4", "kimi-k3", "glm5-next", "jamba",
                 "minimax-01", "bailingmoe3", "dots3note", "cohere2moe", "exaone-moe", "grovemoe", "afmoe", "mellum",
                 "maple", "granite_swa", "qwen4exp", "minimax-m3", "step35", "mimo2", "deepseek2-ocr",
-                "bailingmoe", "hy_v3", "hy_v4", "laguna") \
+                "bailingmoe", "hy_v3", "hy_v4", "laguna", "nomic-bert-moe", "llada-moe", "rnd1") \
             or arch == "gemma4" and p + "expert_count" in md:
         md[p + "expert_count"] = rng.choice([4, 8, 16])
         md[p + "expert_used_count"] = rng.choice([1, 2, 4])
@@ -314,6 +318,12 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
         cfg["tensor_shapes"] = {f"blk.{il}.attn_gate.weight": [md[p + "embedding_length"],
                                                                 heads[il] * (md[p + "attention.key_length"] if per_element else 1)]
                                 for il in range(n)}
+    if arch in ("t5", "t5encoder"):   # head size, Flan's gated GELU or T5's ReLU; t5: at most as many decoder blocks
+        md[p + "attention.key_length"] = md[p + "attention.value_length"] = rng.choice([32, 64, 128])
+        gate = "*.ffn_gate.weight"
+        cfg["optional_tensors"] = [g for g in cfg["optional_tensors"] if g != gate] + ([gate] * (rng.random() < 0.5))
+        if arch == "t5":
+            md[p + "decoder_block_count"] = rng.randint(1, md[p + "block_count"])
     md["general.name"] = cfg["name"] = name
     return cfg
 

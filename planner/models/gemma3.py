@@ -11,7 +11,7 @@ from .. import ggml
 from ..graph import LLM_FFN_GELU, LLM_FFN_PAR, LLM_NORM_RMS, GraphContext, c_reciprocal
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_NONE, LLAMA_SWA_TYPE_STANDARD, HParams
 from ..model import Model, TensorCreator, load_swa_pattern
-from ..model_loader import ModelLoader, tn
+from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
 LLM_TYPE_27B_LAYERS = 62
@@ -34,9 +34,25 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:
     hp = model.hparams
-    n_embd, n_vocab, n_embd_head_k = hp.n_embd, hp.n_vocab, hp.n_embd_head_k()
-    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
-    c.create_output(model, n_embd, n_vocab)
+    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (hp.n_embd, hp.n_vocab))
+    c.create_output(model, hp.n_embd, hp.n_vocab)
+    create_dense(c, model)
+    create_layers(c, model)
+
+
+def create_dense(c: TensorCreator, model: Model) -> None:
+    """Sentence-transformers' dense projections, where the file was converted with them."""
+    hp = model.hparams
+    model.dense_2_out_layers = c.create_tensor(tn("DENSE_2_OUT", "weight"), (hp.n_embd, hp.dense_2_feat_out),
+                                               TENSOR_NOT_REQUIRED)
+    model.dense_3_out_layers = c.create_tensor(tn("DENSE_3_OUT", "weight"), (hp.dense_3_feat_in, hp.n_embd),
+                                               TENSOR_NOT_REQUIRED)
+
+
+def create_layers(c: TensorCreator, model: Model) -> None:
+    """The layers' tensors, as gemma-embedding.cpp creates them too."""
+    hp = model.hparams
+    n_embd, n_embd_head_k = hp.n_embd, hp.n_embd_head_k()
     for i, layer in enumerate(model.layers):
         n_ff, n_q = hp.n_ff(i), n_embd_head_k * hp.n_head(i)
         layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
@@ -55,7 +71,6 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
 def build(g: GraphContext) -> None:
     """llama_model_gemma3::graph<iswa>: iswa when the model has sliding-window layers."""
     model, hp = g.model, g.hparams
-    n_embd_head = hp.n_embd_head_k()
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_l = ggml.scale(inp_l, math.sqrt(hp.n_embd))
     g.cb(inp_l, "inp_scaled", -1)
@@ -64,39 +79,47 @@ def build(g: GraphContext) -> None:
     inp_out_ids = g.build_inp_out_ids()
 
     for il, layer in enumerate(model.layers):
-        cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
-        g.cb(cur, "attn_norm", il)
-
-        q, k, v = g.build_qkv(layer, cur, n_embd_head, hp.n_head(il), hp.n_head_kv(il), il)
-        q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
-        g.cb(q, "Qcur_normed", il)
-        q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
-        k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
-        g.cb(k, "Kcur_normed", il)
-        k = ggml.rope_ext(k, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
-        g.cb(q, "Qcur", il)
-        g.cb(k, "Kcur", il)
-        g.cb(v, "Vcur", il)
-        q = ggml.scale(q, hp.f_attention_scale)
-        cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il)
-
-        if il == hp.n_layer - 1:
-            cur = ggml.get_rows(cur, inp_out_ids)
-            inp_l = ggml.get_rows(inp_l, inp_out_ids)
-        cur = g.build_norm(cur, layer.attn_post_norm, None, LLM_NORM_RMS, il)
-        g.cb(cur, "attn_post_norm", il)
-        sa_out = ggml.add(cur, inp_l)
-        g.cb(sa_out, "sa_out", il)
-
-        cur = g.build_norm(sa_out, layer.ffn_norm, None, LLM_NORM_RMS, il)
-        g.cb(cur, "ffn_norm", il)
-        cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None,
-                          LLM_FFN_GELU, LLM_FFN_PAR, il)
-        g.cb(cur, "ffn_out", il)
-        cur = g.build_norm(cur, layer.ffn_post_norm, None, LLM_NORM_RMS, -1)
-        g.cb(cur, "ffn_post_norm", il)
-        cur = ggml.add(cur, sa_out)
-        g.cb(cur, "l_out", il)
-        inp_l = cur
+        inp_l = build_block(g, layer, il, inp_l, inp_pos, inp_attn, inp_out_ids, il)
 
     g.build_output(inp_l, softcap=hp.f_final_logit_softcapping or None)
+
+
+def build_block(g: GraphContext, layer, il: int, inp_l, inp_pos, inp_attn, inp_out_ids, il_ffn_post_norm: int):
+    """One layer of llama_model_gemma3::graph, which gemma-embedding.cpp repeats (its ffn_post_norm
+    named with layer -1): RMS-normed Q/K, roped, queries scaled, norms after attention and FFN."""
+    hp = g.hparams
+    n_embd_head = hp.n_embd_head_k()
+    cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
+    g.cb(cur, "attn_norm", il)
+
+    q, k, v = g.build_qkv(layer, cur, n_embd_head, hp.n_head(il), hp.n_head_kv(il), il)
+    q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
+    g.cb(q, "Qcur_normed", il)
+    q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+    k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
+    g.cb(k, "Kcur_normed", il)
+    k = ggml.rope_ext(k, inp_pos, None, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+    g.cb(q, "Qcur", il)
+    g.cb(k, "Kcur", il)
+    g.cb(v, "Vcur", il)
+    q = ggml.scale(q, hp.f_attention_scale)
+    cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il)
+
+    if il == hp.n_layer - 1:
+        cur = ggml.get_rows(cur, inp_out_ids)
+        inp_l = ggml.get_rows(inp_l, inp_out_ids)
+    cur = g.build_norm(cur, layer.attn_post_norm, None, LLM_NORM_RMS, il)
+    g.cb(cur, "attn_post_norm", il)
+    sa_out = ggml.add(cur, inp_l)
+    g.cb(sa_out, "sa_out", il)
+
+    cur = g.build_norm(sa_out, layer.ffn_norm, None, LLM_NORM_RMS, il)
+    g.cb(cur, "ffn_norm", il)
+    cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None,
+                      LLM_FFN_GELU, LLM_FFN_PAR, il)
+    g.cb(cur, "ffn_out", il)
+    cur = g.build_norm(cur, layer.ffn_post_norm, None, LLM_NORM_RMS, -1)
+    g.cb(cur, "ffn_post_norm", il_ffn_post_norm)
+    cur = ggml.add(cur, sa_out)
+    g.cb(cur, "l_out", il)
+    return cur

@@ -38,13 +38,15 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
         layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
 
 
-def build(g: GraphContext) -> None:
-    """llama_model_internlm2::graph (the attention output bias it adds is never loaded: null)"""
+def build(g: GraphContext, diffusion: bool = False) -> None:
+    """llama_model_internlm2::graph (the attention output bias it adds is never loaded: null); with
+    diffusion llama_model_llada::graph, the same block attending over the ubatch alone
+    (build_attn_inp_no_cache)."""
     model, hp = g.model, g.hparams
     n_embd_head = hp.n_embd_head_v()
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_pos = g.build_inp_pos()
-    inp_attn = g.build_attn_inp_kv()
+    inp_attn = g.build_attn_inp_no_cache() if diffusion else g.build_attn_inp_kv()
     inp_out_ids = g.build_inp_out_ids()
 
     for il, layer in enumerate(model.layers):

@@ -67,13 +67,14 @@ def create_rope_factors(c: TensorCreator, layer: Layer, i: int, hp: HParams, n_r
         layer.rope_freqs = c.create_tensor(tn("ROPE_FREQS", "weight", i), (n_rot // 2,), flags)
 
 
-def build(g: GraphContext) -> None:
-    """llama_model_llama::graph<false>"""
+def build(g: GraphContext, embed: bool = False) -> None:
+    """llama_model_llama::graph<embed>: graph<false> for llama; graph<true> (llama-embed) attends
+    over the ubatch alone (build_attn_inp_no_cache) and stops at the normed embeddings (no lm_head)."""
     model, hp = g.model, g.hparams
     n_embd_head = hp.n_embd_head_v()
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_pos = g.build_inp_pos()
-    inp_attn = g.build_attn_inp_kv()
+    inp_attn = g.build_attn_inp_no_cache() if embed else g.build_attn_inp_kv()
     kq_scale = kq_scale_for(hp, n_embd_head)
     inp_out_ids = g.build_inp_out_ids()
 
@@ -115,4 +116,10 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "l_out", il)   # build_cvec returns cur without control vectors
         inp_l = cur
 
-    g.build_output(inp_l)
+    if embed:
+        cur = g.build_norm(inp_l, model.output_norm, None, LLM_NORM_RMS, -1)
+        g.cb(cur, "result_norm", -1)
+        g.t_embd = cur
+        ggml.build_forward_expand(g.gf, cur)
+    else:
+        g.build_output(inp_l)

@@ -39,13 +39,14 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
         layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
 
 
-def build(g: GraphContext) -> None:
-    """llama_model_qwen2::graph"""
+def build(g: GraphContext, diffusion: bool = False) -> None:
+    """llama_model_qwen2::graph; with diffusion llama_model_dream::graph ("copied from qwen2"):
+    attention over the ubatch alone (build_attn_inp_no_cache), the output bias never added."""
     model, hp = g.model, g.hparams
     n_embd_head = hp.n_embd_head_v()
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_pos = g.build_inp_pos()
-    inp_attn = g.build_attn_inp_kv()
+    inp_attn = g.build_attn_inp_no_cache() if diffusion else g.build_attn_inp_kv()
     inp_out_ids = g.build_inp_out_ids()
 
     for il, layer in enumerate(model.layers):
@@ -76,4 +77,13 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "l_out", il)
         inp_l = cur
 
-    g.build_output(inp_l)
+    if diffusion:
+        cur = g.build_norm(inp_l, model.output_norm, None, LLM_NORM_RMS, -1)
+        g.cb(cur, "result_norm", -1)
+        g.t_embd = cur
+        cur = g.build_lora_mm(model.output, cur)
+        g.cb(cur, "result_output", -1)
+        g.t_logits = cur
+        ggml.build_forward_expand(g.gf, cur)
+    else:
+        g.build_output(inp_l)

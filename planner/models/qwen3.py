@@ -5,6 +5,7 @@ The llama block with RMS-normed Q and K per head (attn_q_norm, attn_k_norm), NEO
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
@@ -20,12 +21,13 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     require_head_sizes_equal(ml, hp)
 
 
-def load_arch_tensors(c: TensorCreator, model: Model) -> None:
+def load_arch_tensors(c: TensorCreator, model: Model, n_vocab_out: Optional[int] = None) -> None:
+    """n_vocab_out: the rows of an lm_head narrower than the vocabulary (qwen3vl's loader, for qwen3tts)."""
     hp = model.hparams
     n_embd, n_vocab, n_embd_gqa, n_embd_head_k = hp.n_embd, hp.n_vocab, hp.n_embd_v_gqa(), hp.n_embd_head_k()
     model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
-    c.create_output(model, n_embd, n_vocab)
-    c.create_tensor(tn("CLS_OUT", "weight"), (n_embd, 1), TENSOR_NOT_REQUIRED)   # rerankers' head (n_cls_out 1)
+    c.create_output(model, n_embd, n_vocab, n_vocab_out)
+    model.cls_out = c.create_tensor(tn("CLS_OUT", "weight"), (n_embd, hp.n_cls_out), TENSOR_NOT_REQUIRED)   # rerankers' head
     for i, layer in enumerate(model.layers):
         n_ff = hp.n_ff(i)
         layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))

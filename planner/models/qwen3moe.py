@@ -43,12 +43,13 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
         layer.ffn_up_exps = c.create_tensor(tn("FFN_UP_EXPS", "weight", i), (n_embd, n_ff_exp, n_expert))
 
 
-def build(g: GraphContext) -> None:
-    """llama_model_qwen3moe::graph"""
+def build(g: GraphContext, diffusion: bool = False) -> None:
+    """llama_model_qwen3moe::graph; with diffusion llama_model_rnd1::graph (the same graph but for
+    its attention over the ubatch alone, build_attn_inp_no_cache)."""
     model, hp = g.model, g.hparams
     inp_l = g.build_inp_embd(model.tok_embd)
     inp_pos = g.build_inp_pos()
-    inp_attn = g.build_attn_inp_kv()
+    inp_attn = g.build_attn_inp_no_cache() if diffusion else g.build_attn_inp_kv()
     inp_out_ids = g.build_inp_out_ids()
 
     for il, layer in enumerate(model.layers):

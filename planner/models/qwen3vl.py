@@ -4,21 +4,31 @@ qwen3's block and tensors with interleaved M-RoPE (rope.dimension_sections) and 
 input rows are n_embd x (1 + n_deepstack_layers) wide (the vision encoder's features for the
 first layers ride beside the token embedding; a text batch pads the token rows with zeros) and
 each of the first n_deepstack_layers layers adds its block of the input to its output.
+Qwen3-TTS's talker (qwen3tts) is this model with a codec lm_head narrower than its vocabulary.
 """
 from __future__ import annotations
+
+import math
 
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_IMROPE, HParams
-from ..model import require_head_sizes_equal
+from ..model import Model, TensorCreator, require_head_sizes_equal
 from ..model_loader import ModelLoader
 from . import qwen3
 from .qwen3 import build_attn_qk_norm
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_IMROPE
 
-# llama_model_qwen3vl::load_arch_tensors is qwen3's (its output width differs only for qwen3tts)
-load_arch_tensors = qwen3.load_arch_tensors
+# the lm_head width llama_model_qwen3vl::load_arch_tensors gives qwen3tts ([TAG_LLAMA_N_VOCAB_OUT]):
+# its codec head, narrower than the text + codec vocabulary of token_embd
+N_VOCAB_OUT_QWEN3TTS = 3072
+
+
+def load_arch_tensors(c: TensorCreator, model: Model) -> None:
+    """llama_model_qwen3vl::load_arch_tensors: qwen3's, the lm_head N_VOCAB_OUT_QWEN3TTS wide for
+    qwen3tts (llama_model_qwen3tts is llama_model_qwen3vl, models.h); a tied head stays n_vocab wide."""
+    qwen3.load_arch_tensors(c, model, N_VOCAB_OUT_QWEN3TTS if model.hparams.arch == "qwen3tts" else None)
 
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
@@ -63,7 +73,30 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "l_out", il)
         inp_l = add_deepstack(g, cur, il)
 
-    g.build_output(inp_l)
+    cur = g.build_norm(inp_l, model.output_norm, None, LLM_NORM_RMS, -1)
+    g.cb(cur, "result_norm", -1)
+    g.t_embd = cur
+    cur = g.build_lora_mm(model.output, cur)
+    cur = pad_logits(g, cur)
+    g.cb(cur, "result_output", -1)
+    g.t_logits = cur
+    ggml.build_forward_expand(g.gf, cur)
+
+
+def pad_logits(g: GraphContext, cur):
+    """qwen3tts's codec head is narrower than token_embd: its logits are padded in front with -inf
+    up to the vocabulary (a scalar view of output_norm scaled by 0 plus -inf, repeated, then
+    concatenated before them); a head wider than token_embd is the graph's GGML_ABORT."""
+    model = g.model
+    n_vocab_in, n_vocab_out = model.tok_embd.ne[1], model.output.ne[1]
+    if n_vocab_in > n_vocab_out:
+        neg_inf = ggml.scale_bias(ggml.view(model.output_norm, (1,), (), 0), 0.0, -math.inf)
+        neg_inf = ggml.repeat_4d(neg_inf, n_vocab_in - n_vocab_out, cur.ne[1], 1, 1)
+        return ggml.concat(neg_inf, cur, 0)
+    if n_vocab_in < n_vocab_out:
+        raise ggml.GGMLAbort(f"llama.cpp would abort (qwen3vl.cpp GGML_ABORT(\"invalid case\")): the output head has "
+                             f"{n_vocab_out} rows, more than token_embd's {n_vocab_in}")
+    return cur
 
 
 def add_deepstack(g: GraphContext, cur, il: int):

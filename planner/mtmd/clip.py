@@ -66,6 +66,19 @@ KEY_PREPROC_MAX_TILES = "clip.vision.preproc_max_tiles"
 KEY_WIN_ATTN_LAYER_INDEXES = "clip.vision.wa_layer_indexes"
 KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
 KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
+KEY_A_RVQ_NUM_QUANTIZERS = "clip.audio.rvq.num_quantizers"
+KEY_A_RVQ_CODEBOOK_SIZE = "clip.audio.rvq.codebook_size"
+KEY_A_WA_PATTERN_MODE = "clip.audio.wa_pattern_mode"
+KEY_A_ATTN_WINDOW_SIZE = "clip.audio.window_size"
+KEY_A_LOCAL_BLOCK_COUNT = "clip.audio.local_block_count"
+KEY_A_LOCAL_GROUP_SIZE = "clip.audio.local_group_size"
+KEY_A_CONV_KERNEL_SIZE = "clip.audio.conv_kernel_size"
+KEY_AUDIO_SUBSMPL_FACTOR = "clip.audio.subsampling_factor"
+KEY_A_CHUNK_SIZE = "clip.audio.chunk_size"
+KEY_A_MAX_POS_EMB = "clip.audio.max_pos_emb"
+KEY_A_PROJ_WINDOW_SIZE = "clip.audio.projector.window_size"
+KEY_A_PROJ_DOWNSAMPLE_RATE = "clip.audio.projector.downsample_rate"
+KEY_A_PROJ_HEAD_COUNT = "clip.audio.projector.head_count"
 
 # clip-impl.h: tensor names
 TN_POS_EMBD = "%s.position_embd.weight"
@@ -172,9 +185,73 @@ TN_MM_GATE = "mm.gate.%s"
 TN_MM_DOWN = "mm.down.%s"
 TN_MM_POST_NORM = "mm.post_norm.%s"
 TN_TOK_IMG_BREAK = "v.token_embd.img_break"
+TN_TOK_BOI = "v.boi"
+TN_TOK_EOI = "v.eoi"
 TN_STD_BIAS = "v.std_bias"
 TN_STD_SCALE = "v.std_scale"
 TN_MM_SOFT_EMB_N = "mm.soft_emb_norm.weight"
+TN_A_MM_INP_PROJ = "mm.a.input_projection.%s"
+TN_A_MM_SOFT_EMB_N = "mm.a.soft_emb_norm.%s"
+TN_A_INP_PROJ = "a.input_projection.%s"
+TN_A_CONV1D = "a.conv1d.%d.%s"
+TN_A_CONV1D_NORM = "a.conv1d.%d.norm.%s"
+TN_A_OUT_PROJ = "a.pre_encode.out.%s"
+TN_A_ATTN_PRE_NORM = "%s.blk.%d.attn_pre_norm.%s"
+TN_A_ATTN_K_REL = "%s.blk.%d.attn_k_rel.%s"
+TN_A_PER_DIM_SCALE = "%s.blk.%d.per_dim_scale.%s"
+TN_A_PER_DIM_K_SCALE = "%s.blk.%d.per_dim_k_scale.%s"
+TN_A_FFN_POST_NORM_1 = "%s.blk.%d.ffn_post_norm_1.%s"
+TN_FFN_NORM = "%s.blk.%d.ffn_norm.%s"
+TN_FFN_NORM_1 = "%s.blk.%d.ffn_norm_1.%s"
+TN_FFN_UP_1 = "%s.blk.%d.ffn_up_1.%s"
+TN_FFN_DOWN_1 = "%s.blk.%d.ffn_down_1.%s"
+TN_NORM_CONV = "%s.blk.%d.norm_conv.%s"
+TN_CONV_DW = "%s.blk.%d.conv_dw.%s"
+TN_CONV_NORM = "%s.blk.%d.conv_norm.%s"
+TN_CONV_PW1 = "%s.blk.%d.conv_pw1.%s"
+TN_CONV_PW2 = "%s.blk.%d.conv_pw2.%s"
+TN_A_DOWNSAMPLE_CONV = "a.downsample.conv.%s"
+TN_A_DOWNSAMPLE_NORM = "a.downsample.norm.%s"
+TN_A_RVQ_CODEBOOK = "a.rvq.codebook.%s"
+TN_MM_A_CODE_EMBD = "mm.a.code_embd.%s"
+TN_MM_A_LOCAL_ATTN_Q = "mm.a.local_blk.%d.attn_q.%s"
+TN_MM_A_LOCAL_ATTN_K = "mm.a.local_blk.%d.attn_k.%s"
+TN_MM_A_LOCAL_ATTN_V = "mm.a.local_blk.%d.attn_v.%s"
+TN_MM_A_LOCAL_ATTN_OUT = "mm.a.local_blk.%d.attn_out.%s"
+TN_MM_A_LOCAL_FFN_GATE = "mm.a.local_blk.%d.ffn_gate.%s"
+TN_MM_A_LOCAL_FFN_UP = "mm.a.local_blk.%d.ffn_up.%s"
+TN_MM_A_LOCAL_FFN_DOWN = "mm.a.local_blk.%d.ffn_down.%s"
+TN_MM_A_LOCAL_LN1 = "mm.a.local_blk.%d.ln1.%s"
+TN_MM_A_LOCAL_LN2 = "mm.a.local_blk.%d.ln2.%s"
+TN_MM_A_LOCAL_NORM = "mm.a.local_norm.%s"
+TN_CONV_NORM_MEAN = "%s.blk.%d.conv_norm_mean"
+TN_CONV_NORM_VAR = "%s.blk.%d.conv_norm_var"
+TN_INP_PROJ = "a.input_projection.%s"
+TN_CTC_OUT = "a.enc_ctc_out.%s"
+TN_CTC_OUT_MID = "a.enc_ctc_out_mid.%s"
+TN_ATTN_REL_POS_EMB = "%s.blk.%d.attn_rel_pos_emb"
+TN_QF_PROJ_QUERY = "%s.proj_query"
+TN_QF_PROJ_NORM = "%s.proj_norm.%s"
+TN_QF_PROJ_LINEAR = "%s.proj_linear.%s"
+TN_QF_SELF_ATTN_Q = "%s.proj_blk.%d.self_attn_q.%s"
+TN_QF_SELF_ATTN_K = "%s.proj_blk.%d.self_attn_k.%s"
+TN_QF_SELF_ATTN_V = "%s.proj_blk.%d.self_attn_v.%s"
+TN_QF_SELF_ATTN_O = "%s.proj_blk.%d.self_attn_out.%s"
+TN_QF_SELF_ATTN_N = "%s.proj_blk.%d.self_attn_norm.%s"
+TN_QF_CROSS_ATTN_Q = "%s.proj_blk.%d.cross_attn_q.%s"
+TN_QF_CROSS_ATTN_K = "%s.proj_blk.%d.cross_attn_k.%s"
+TN_QF_CROSS_ATTN_V = "%s.proj_blk.%d.cross_attn_v.%s"
+TN_QF_CROSS_ATTN_O = "%s.proj_blk.%d.cross_attn_out.%s"
+TN_QF_CROSS_ATTN_N = "%s.proj_blk.%d.cross_attn_norm.%s"
+TN_QF_FFN_UP = "%s.proj_blk.%d.ffn_up.%s"
+TN_QF_FFN_DOWN = "%s.proj_blk.%d.ffn_down.%s"
+TN_QF_FFN_NORM = "%s.proj_blk.%d.ffn_norm.%s"
+TN_MEL_FILTERS = "a.mel_filters"
+TN_WINDOW = "a.window"
+TN_PRE_ENCODE_OUT = "a.pre_encode.out.%s"
+TN_POS_BIAS_U = "%s.blk.%d.pos_bias_u"
+TN_POS_BIAS_V = "%s.blk.%d.pos_bias_v"
+TN_LINEAR_POS = "%s.blk.%d.linear_pos.%s"
 TN_CONV1D = "a.conv1d.%d.%s"
 TN_CONV2D = "a.conv2d.%d.%s"
 TN_CONV_OUT = "a.conv_out.%s"
@@ -210,6 +287,7 @@ GRAPH_BUILDERS = {
     "glm4v": "glm4v",
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
+    "glma": "whisper_enc", "meralion": "whisper_enc",
     "qwen3a": "qwen3a",
     "mlp": "llava", "mlp_norm": "llava", "ldp": "llava", "ldpv2": "llava", "adapter": "llava",
     "resampler": "minicpmv", "minicpmv4_6": "minicpmv",
@@ -220,7 +298,19 @@ GRAPH_BUILDERS = {
     "muse-glimmer": "muse_glimmer",
     "gemma4uv": "gemma4uv",
     "gemma3nv": "mobilenetv5",
+    "gemma4ua": "gemma4ua",
+    "gemma4a": "gemma4a",
+    "lfm2a": "conformer",
+    "dots3note_a": "dots3note",
+    "mimo_audio": "mimo_audio",
+    "parakeet": "parakeet",
+    "granite_speech": "granite_speech",
 }
+
+# the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
+# throws "unknown vision projector type" (Gemma 3n's audio encoder: a Gemma 3n file's vision
+# encoder, gemma3nv, makes clip_init skip it)
+NO_HPARAMS_TYPES = frozenset({"gemma3na"})
 
 # clip_modality
 MODALITY_VISION, MODALITY_AUDIO, MODALITY_GEN_AUDIO = "vision", "audio", "gen.audio"
@@ -279,6 +369,21 @@ class ClipHparams:
 
     def is_feature_layer(self, layer: int) -> bool:
         return layer in self.feature_layers
+    attn_window_size: int = 0
+    rvq_num_quantizers: int = 0
+    rvq_codebook_size: list[int] = field(default_factory=list)
+    wa_pattern_mode: list[int] = field(default_factory=list)
+    audio_local_n_layer: int = 0
+    audio_local_group_size: int = 0
+    subsampling_factor: int = 0
+    audio_conv_kernel_size: int = 0
+    audio_chunk_size: int = 0
+    audio_max_pos_emb: int = 0
+    audio_proj_window_size: int = 0
+    audio_proj_downsample_rate: int = 0
+    audio_proj_head_count: int = 0
+    n_mel_filters: int = 0          # parakeet's a.mel_filters and a.window: their f32 values (get_vector)
+    n_window: int = 0
 
     def set_limit_image_tokens(self, n_tokens_min: int, n_tokens_max: int) -> None:
         patch_area = self.patch_size * self.patch_size * self.n_merge * self.n_merge
@@ -353,6 +458,47 @@ class ClipLayer:
     deepstack_fc1_b: Optional[Tensor] = None
     deepstack_fc2_w: Optional[Tensor] = None
     deepstack_fc2_b: Optional[Tensor] = None
+    # the conformer's (Gemma 4 audio)
+    ff_norm_w: Optional[Tensor] = None
+    ff_norm_b: Optional[Tensor] = None
+    pos_bias_u: Optional[Tensor] = None
+    pos_bias_v: Optional[Tensor] = None
+    linear_pos_w: Optional[Tensor] = None
+    attn_pre_norm_w: Optional[Tensor] = None
+    per_dim_scale_w: Optional[Tensor] = None
+    per_dim_k_scale_w: Optional[Tensor] = None
+    attn_k_rel_w: Optional[Tensor] = None
+    norm_conv_w: Optional[Tensor] = None
+    norm_conv_b: Optional[Tensor] = None
+    conv_pw1_w: Optional[Tensor] = None
+    conv_pw1_b: Optional[Tensor] = None
+    conv_dw_w: Optional[Tensor] = None
+    conv_dw_b: Optional[Tensor] = None
+    conv_norm_w: Optional[Tensor] = None
+    conv_norm_b: Optional[Tensor] = None
+    conv_norm_mean: Optional[Tensor] = None
+    conv_norm_var: Optional[Tensor] = None
+    conv_pw2_w: Optional[Tensor] = None
+    conv_pw2_b: Optional[Tensor] = None
+    ff_norm_1_w: Optional[Tensor] = None
+    ff_norm_1_b: Optional[Tensor] = None
+    ff_up_1_w: Optional[Tensor] = None
+    ff_up_1_b: Optional[Tensor] = None
+    ff_down_1_w: Optional[Tensor] = None
+    ff_down_1_b: Optional[Tensor] = None
+    ff_post_norm_1_w: Optional[Tensor] = None
+    attn_rel_pos_emb: Optional[Tensor] = None
+    # a QFormer layer's cross-attention (Granite Speech)
+    cross_attn_q_w: Optional[Tensor] = None
+    cross_attn_q_b: Optional[Tensor] = None
+    cross_attn_k_w: Optional[Tensor] = None
+    cross_attn_k_b: Optional[Tensor] = None
+    cross_attn_v_w: Optional[Tensor] = None
+    cross_attn_v_b: Optional[Tensor] = None
+    cross_attn_o_w: Optional[Tensor] = None
+    cross_attn_o_b: Optional[Tensor] = None
+    cross_attn_norm_w: Optional[Tensor] = None
+    cross_attn_norm_b: Optional[Tensor] = None
 
     def has_deepstack(self) -> bool:
         return self.deepstack_fc1_w is not None
@@ -383,6 +529,17 @@ class MobilenetV5Block:
     attn_v_dw_w: Optional[Tensor] = None
     attn_v_norm_w: Optional[Tensor] = None
     attn_norm_w: Optional[Tensor] = None
+
+
+@dataclass
+class QfBlock:
+    """qf_block (Granite Speech): the QFormer projector's queries, norm, layers and output linear."""
+    qf_proj_query: Optional[Tensor] = None
+    qf_proj_norm_w: Optional[Tensor] = None
+    qf_proj_norm_b: Optional[Tensor] = None
+    qf_proj_linear_w: Optional[Tensor] = None
+    qf_proj_linear_b: Optional[Tensor] = None
+    qf_proj_layers: list[ClipLayer] = field(default_factory=list)
 
 
 @dataclass
@@ -428,6 +585,7 @@ class ClipModel:
     mm_model_proj: Optional[Tensor] = None
     mm_model_mlp_1_w: Optional[Tensor] = None
     mm_model_mlp_2_w: Optional[Tensor] = None
+    mm_model_mlp_3_w: Optional[Tensor] = None
     token_embd_img_break: Optional[Tensor] = None
     std_bias: Optional[Tensor] = None
     std_scale: Optional[Tensor] = None
@@ -447,7 +605,10 @@ class ClipModel:
     conv_out_w: Optional[Tensor] = None
     conv_out_b: Optional[Tensor] = None
     mm_norm_pre_w: Optional[Tensor] = None
+    mm_norm_pre_b: Optional[Tensor] = None
     mm_norm_mid_w: Optional[Tensor] = None
+    mm_boi: Optional[Tensor] = None
+    mm_eoi: Optional[Tensor] = None
     mm_fc_b: Optional[Tensor] = None
     patch_norm_1_w: Optional[Tensor] = None
     patch_norm_1_b: Optional[Tensor] = None
@@ -544,6 +705,36 @@ class ClipModel:
     mm_4h_to_h_w: Optional[Tensor] = None
     mm_boi: Optional[Tensor] = None
     mm_eoi: Optional[Tensor] = None
+    # Gemma 4 audio's subsampling convs, their norms and projections
+    sscp_conv_w: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
+    sscp_conv_b: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
+    sscp_norm_w: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
+    sscp_inp_proj_w: Optional[Tensor] = None
+    sscp_inp_proj_b: Optional[Tensor] = None
+    audio_out_proj_w: Optional[Tensor] = None
+    audio_out_proj_b: Optional[Tensor] = None
+    # LFM2-Audio's conformer: the subsampling convs (pre_encode.conv.0, 2, 3, 5, 6) and their projection
+    pre_encode_conv_X_w: list[Optional[Tensor]] = field(default_factory=lambda: [None] * 7)
+    pre_encode_conv_X_b: list[Optional[Tensor]] = field(default_factory=lambda: [None] * 7)
+    pre_encode_out_w: Optional[Tensor] = None
+    pre_encode_out_b: Optional[Tensor] = None
+    # MiMo-Audio: the tokenizer's downsampling and RVQ codebooks, the LLM side's code embeddings and
+    # input_local_transformer
+    downsample_conv_w: Optional[Tensor] = None
+    downsample_norm_w: Optional[Tensor] = None
+    downsample_norm_b: Optional[Tensor] = None
+    rvq_codebook: Optional[Tensor] = None
+    mm_a_code_embd: Optional[Tensor] = None
+    mm_a_local_layers: list[ClipLayer] = field(default_factory=list)
+    mm_a_local_norm_w: Optional[Tensor] = None
+    # Granite Speech: the input projection, the CTC branch, the QFormer projector
+    inp_proj_w: Optional[Tensor] = None
+    inp_proj_b: Optional[Tensor] = None
+    ctc_out_w: Optional[Tensor] = None
+    ctc_out_b: Optional[Tensor] = None
+    ctc_out_mid_w: Optional[Tensor] = None
+    ctc_out_mid_b: Optional[Tensor] = None
+    qf_proj_blocks: list[QfBlock] = field(default_factory=list)
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -704,7 +895,7 @@ class ClipModelLoader:
             self.fail(f"load_hparams: unknown projector type: {proj_type}")
         if proj_type == "qwen2.5o":    # the legacy name of Qwen2.5-Omni's two encoders
             proj_type = "qwen2.5vl_merger" if modality == MODALITY_VISION else "qwen2a"
-        if proj_type not in GRAPH_BUILDERS:
+        if proj_type not in GRAPH_BUILDERS and proj_type not in NO_HPARAMS_TYPES:
             raise UnsupportedModel(f"{self.path}: the multimodal projector type '{proj_type}' ({modality}) is not "
                                    f"planned by schedplan yet (planned: {', '.join(sorted(GRAPH_BUILDERS))})")
         model.proj_type = proj_type
@@ -752,6 +943,8 @@ class ClipModelLoader:
                 self.fail(f"load_hparams: feature layer index {v} is out of range (n_layer: {hp.n_layer})")
 
         # model-specific params
+        if proj_type in NO_HPARAMS_TYPES:
+            self.fail(f"load_hparams: unknown vision projector type {proj_type}")
         if proj_type in ("mlp", "mlp_norm", "ldp", "ldpv2"):
             hp.has_llava_projector = True
         elif proj_type == "resampler":
@@ -831,11 +1024,60 @@ class ClipModelLoader:
                 hp.n_merge = 1
             hp.set_limit_image_tokens(70, 1120)
             hp.set_warmup_n_tokens(256)
+        elif proj_type == "dots3note_a":
+            hp.rope_theta = 10000.0
+        elif proj_type == "granite_speech":
+            hp.audio_chunk_size = self.get_u32(KEY_A_CHUNK_SIZE)
+            # squared for the attention distances and masks: capped against int32 overflow
+            if not 0 < hp.audio_chunk_size <= 8192:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(audio_chunk_size > 0 && audio_chunk_size <= 8192)): {hp.audio_chunk_size}")
+            hp.audio_conv_kernel_size = self.get_u32(KEY_A_CONV_KERNEL_SIZE)
+            hp.audio_max_pos_emb = self.get_u32(KEY_A_MAX_POS_EMB)
+            hp.audio_proj_window_size = self.get_u32(KEY_A_PROJ_WINDOW_SIZE)
+            hp.audio_proj_downsample_rate = self.get_u32(KEY_A_PROJ_DOWNSAMPLE_RATE)
+            hp.audio_proj_head_count = self.get_u32(KEY_A_PROJ_HEAD_COUNT)
+        elif proj_type == "parakeet":
+            hp.subsampling_factor = self.get_u32(KEY_AUDIO_SUBSMPL_FACTOR)
+            if hp.subsampling_factor != 8:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(subsampling_factor == 8), the graph's conv strides): {hp.subsampling_factor}")
+            hp.audio_conv_kernel_size = self.get_u32(KEY_A_CONV_KERNEL_SIZE)
+            if hp.audio_conv_kernel_size <= 0 or hp.audio_conv_kernel_size % 2 != 1:
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT: audio_conv_kernel_size must be a positive odd integer): "
+                                f"{hp.audio_conv_kernel_size}")
+        elif proj_type == "mimo_audio":
+            hp.rvq_num_quantizers = self.get_u32(KEY_A_RVQ_NUM_QUANTIZERS, 0)
+            hp.rvq_codebook_size = self.get_arr(KEY_A_RVQ_CODEBOOK_SIZE, INT32, False) or []
+            if hp.rvq_num_quantizers <= 0:
+                self.fail(f"load_hparams: mimo_audio: missing {KEY_A_RVQ_NUM_QUANTIZERS}")
+            if len(hp.rvq_codebook_size) != hp.rvq_num_quantizers:
+                self.fail(f"load_hparams: mimo_audio: {KEY_A_RVQ_CODEBOOK_SIZE} length ({len(hp.rvq_codebook_size)}) "
+                          f"must equal {KEY_A_RVQ_NUM_QUANTIZERS} ({hp.rvq_num_quantizers})")
+            hp.ffn_op = FFN_GELU_ERF
+            hp.rope_theta = 10000.0
+            hp.attn_window_size = self.get_u32(KEY_A_ATTN_WINDOW_SIZE)
+            hp.wa_pattern_mode = self.get_arr(KEY_A_WA_PATTERN_MODE, INT32, True)
+            if len(hp.wa_pattern_mode) != hp.n_layer:
+                self.fail(f"load_hparams: mimo_audio: {KEY_A_WA_PATTERN_MODE} length ({len(hp.wa_pattern_mode)}) "
+                          f"must equal n_layer ({hp.n_layer})")
+            hp.audio_local_n_layer = self.get_u32(KEY_A_LOCAL_BLOCK_COUNT)
+            hp.audio_local_group_size = self.get_u32(KEY_A_LOCAL_GROUP_SIZE)
+            if hp.audio_local_group_size <= 0:
+                self.fail(f"load_hparams: mimo_audio: {KEY_A_LOCAL_GROUP_SIZE} must be > 0")
+        elif proj_type == "gemma4a":
+            # conversion wrote a wrong rms_norm_eps; every gemma4a model uses 1e-6
+            hp.eps = 1e-6
+        elif proj_type == "gemma4ua":
+            # encoder-free: the raw 16 kHz waveform in frames of 640 samples
+            hp.eps = 1e-6
+            hp.n_mel_bins = 640
         elif proj_type == "llama4":
             hp.rope_theta = 10000.0
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
-        elif proj_type in ("ultravox", "qwen2a", "qwen3a", "voxtral", "musicflamingo"):
-            require_stack = proj_type in ("ultravox", "voxtral")
+        elif proj_type in ("ultravox", "qwen2a", "qwen3a", "glma", "voxtral", "meralion", "musicflamingo"):
+            require_stack = proj_type in ("ultravox", "voxtral", "meralion", "glma")
             hp.proj_stack_factor = self.get_u32(KEY_A_PROJ_STACK_FACTOR, None if require_stack else 0)
             hp.ffn_op = FFN_GELU_ERF
         elif proj_type == "step3vl":
@@ -867,7 +1109,11 @@ class ClipModelLoader:
                       f"({hp.image_min_pixels})")
         if hp.n_merge <= 0 or hp.n_merge >= 65536:
             self.fail(f"load_hparams: n_merge ({hp.n_merge}) must be greater than 0 and less than 65536")
-        if modality == MODALITY_AUDIO and not 1 <= hp.n_mel_bins <= 256:   # the FFT-based encoders planned
+        # gemma4ua's n_mel_bins is a raw-waveform frame size: no FFT, no upper bound
+        fft_based = proj_type != "gemma4ua"
+        if hp.attn_window_size > 4096:
+            self.fail(f"load_hparams: attn_window_size ({hp.attn_window_size}) is too large (max 4096)")
+        if modality == MODALITY_AUDIO and (hp.n_mel_bins <= 0 or (fft_based and hp.n_mel_bins > 256)):
             self.fail(f"load_hparams: n_mel_bins ({hp.n_mel_bins}) must be in range [1, 256]")
 
     # --- clip_model_loader::load_tensors ---------------------------------------------------------
@@ -1205,12 +1451,7 @@ class ClipModelLoader:
             model.mm_input_proj_w = get_tensor(TN_MM_INP_PROJ)
             model.std_bias = get_tensor(TN_STD_BIAS, False)
             model.std_scale = get_tensor(TN_STD_SCALE, False)
-            # Gemma4ClippableLinear: every weight loaded so far is clamped, by its scalars or +-FLT_MAX
-            for name in loaded:
-                if name.endswith(".weight"):
-                    for suffix in (".input_max", ".input_min", ".output_max", ".output_min"):
-                        self.check_scalar(name.replace(".weight", suffix))
-                    model.clamped.add(name)
+            self.load_clamp_info(model, loaded)
         elif model.proj_type in ("ultravox", "voxtral", "qwen2a", "musicflamingo"):
             model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
             model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
@@ -1229,6 +1470,178 @@ class ClipModelLoader:
             if model.proj_type == "ultravox":
                 model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight")
                 model.mm_norm_mid_w = get_tensor(TN_MM_NORM_MID % "weight")
+        elif model.proj_type == "meralion":
+            model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
+            model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
+            model.conv1d_2_w = get_tensor(TN_CONV1D % (2, "weight"))
+            model.conv1d_2_b = get_tensor(TN_CONV1D % (2, "bias"))
+            # the adaptor: frame compression (+ SiLU), gate and pool projections (a GLU), out projection
+            model.mm_0_w = get_tensor(TN_MM_AUDIO_MLP % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_MM_AUDIO_MLP % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
+            model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+            model.mm_3_w = get_tensor(TN_MM_AUDIO_MLP % (3, "weight"))
+            model.mm_3_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
+            model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight")     # ln_speech
+            model.mm_norm_pre_b = get_tensor(TN_MM_NORM_PRE % "bias")
+        elif model.proj_type == "dots3note_a":
+            model.conv2d_1_w = get_tensor(TN_CONV2D % (1, "weight"))
+            model.conv2d_1_b = get_tensor(TN_CONV2D % (1, "bias"))
+            model.conv2d_2_w = get_tensor(TN_CONV2D % (2, "weight"))
+            model.conv2d_2_b = get_tensor(TN_CONV2D % (2, "bias"))
+            model.conv2d_3_w = get_tensor(TN_CONV2D % (3, "weight"))
+            model.conv2d_3_b = get_tensor(TN_CONV2D % (3, "bias"))
+            model.conv_out_w = get_tensor(TN_CONV_OUT % "weight")     # no bias
+            # adapter: LayerNorm -> Linear -> GELU -> Linear
+            model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight")
+            model.mm_norm_pre_b = get_tensor(TN_MM_NORM_PRE % "bias")
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
+            model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (3, "weight"))
+            model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
+        elif model.proj_type == "granite_speech":
+            model.inp_proj_w = get_tensor(TN_INP_PROJ % "weight")
+            model.inp_proj_b = get_tensor(TN_INP_PROJ % "bias")
+            model.ctc_out_w = get_tensor(TN_CTC_OUT % "weight")
+            model.ctc_out_b = get_tensor(TN_CTC_OUT % "bias")
+            model.ctc_out_mid_w = get_tensor(TN_CTC_OUT_MID % "weight")
+            model.ctc_out_mid_b = get_tensor(TN_CTC_OUT_MID % "bias")
+            for il, layer in enumerate(model.layers):
+                def t(fmt: str, suffix: str) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix))
+                layer.attn_rel_pos_emb = get_tensor(TN_ATTN_REL_POS_EMB % (prefix, il))
+                layer.ff_norm_w = t(TN_FFN_NORM, "weight")
+                layer.ff_norm_b = t(TN_FFN_NORM, "bias")
+                layer.ff_norm_1_w = t(TN_FFN_NORM_1, "weight")
+                layer.ff_norm_1_b = t(TN_FFN_NORM_1, "bias")
+                layer.ff_up_1_w = t(TN_FFN_UP_1, "weight")
+                layer.ff_up_1_b = t(TN_FFN_UP_1, "bias")
+                layer.ff_down_1_w = t(TN_FFN_DOWN_1, "weight")
+                layer.ff_down_1_b = t(TN_FFN_DOWN_1, "bias")
+                layer.norm_conv_w = t(TN_NORM_CONV, "weight")
+                layer.norm_conv_b = t(TN_NORM_CONV, "bias")
+                layer.conv_norm_w = t(TN_CONV_NORM, "weight")
+                layer.conv_norm_b = t(TN_CONV_NORM, "bias")
+                layer.conv_dw_w = t(TN_CONV_DW, "weight")
+                layer.conv_pw1_w = t(TN_CONV_PW1, "weight")
+                layer.conv_pw1_b = t(TN_CONV_PW1, "bias")
+                layer.conv_pw2_w = t(TN_CONV_PW2, "weight")
+                layer.conv_pw2_b = t(TN_CONV_PW2, "bias")
+            qf = QfBlock()
+            model.qf_proj_blocks = [qf]
+            qf.qf_proj_query = get_tensor(TN_QF_PROJ_QUERY % prefix)
+            qf.qf_proj_norm_w = get_tensor(TN_QF_PROJ_NORM % (prefix, "weight"))
+            qf.qf_proj_norm_b = get_tensor(TN_QF_PROJ_NORM % (prefix, "bias"))
+            qf.qf_proj_linear_w = get_tensor(TN_QF_PROJ_LINEAR % (prefix, "weight"))
+            qf.qf_proj_linear_b = get_tensor(TN_QF_PROJ_LINEAR % (prefix, "bias"))
+            qf.qf_proj_layers = [ClipLayer() for _ in range(2)]      # n_proj_layers
+            for il, pl in enumerate(qf.qf_proj_layers):
+                def q(fmt: str, suffix: str) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix))
+                pl.q_w, pl.q_b = q(TN_QF_SELF_ATTN_Q, "weight"), q(TN_QF_SELF_ATTN_Q, "bias")
+                pl.k_w, pl.k_b = q(TN_QF_SELF_ATTN_K, "weight"), q(TN_QF_SELF_ATTN_K, "bias")
+                pl.v_w, pl.v_b = q(TN_QF_SELF_ATTN_V, "weight"), q(TN_QF_SELF_ATTN_V, "bias")
+                pl.o_w, pl.o_b = q(TN_QF_SELF_ATTN_O, "weight"), q(TN_QF_SELF_ATTN_O, "bias")
+                pl.ln_1_w, pl.ln_1_b = q(TN_QF_SELF_ATTN_N, "weight"), q(TN_QF_SELF_ATTN_N, "bias")
+                pl.cross_attn_q_w, pl.cross_attn_q_b = q(TN_QF_CROSS_ATTN_Q, "weight"), q(TN_QF_CROSS_ATTN_Q, "bias")
+                pl.cross_attn_k_w, pl.cross_attn_k_b = q(TN_QF_CROSS_ATTN_K, "weight"), q(TN_QF_CROSS_ATTN_K, "bias")
+                pl.cross_attn_v_w, pl.cross_attn_v_b = q(TN_QF_CROSS_ATTN_V, "weight"), q(TN_QF_CROSS_ATTN_V, "bias")
+                pl.cross_attn_o_w, pl.cross_attn_o_b = q(TN_QF_CROSS_ATTN_O, "weight"), q(TN_QF_CROSS_ATTN_O, "bias")
+                pl.cross_attn_norm_w = q(TN_QF_CROSS_ATTN_N, "weight")
+                pl.cross_attn_norm_b = q(TN_QF_CROSS_ATTN_N, "bias")
+                pl.ff_up_w, pl.ff_up_b = q(TN_QF_FFN_UP, "weight"), q(TN_QF_FFN_UP, "bias")
+                pl.ff_down_w, pl.ff_down_b = q(TN_QF_FFN_DOWN, "weight"), q(TN_QF_FFN_DOWN, "bias")
+                pl.ln_2_w, pl.ln_2_b = q(TN_QF_FFN_NORM, "weight"), q(TN_QF_FFN_NORM, "bias")
+        elif model.proj_type == "parakeet":
+            hp.n_mel_filters = self.check_vector(TN_MEL_FILTERS)
+            hp.n_window = self.check_vector(TN_WINDOW)
+            for i in (0, 2, 3, 5, 6):
+                model.pre_encode_conv_X_w[i] = get_tensor(TN_CONV1D % (i, "weight"))
+                model.pre_encode_conv_X_b[i] = get_tensor(TN_CONV1D % (i, "bias"))
+            model.pre_encode_out_w = get_tensor(TN_PRE_ENCODE_OUT % "weight")
+            model.pre_encode_out_b = get_tensor(TN_PRE_ENCODE_OUT % "bias")
+            model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight", False)
+            model.mm_0_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"), False)
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"), False)
+            for il, layer in enumerate(model.layers):
+                def t(fmt: str, suffix: str, required: bool = True) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix), required)
+                layer.linear_pos_w = t(TN_LINEAR_POS, "weight")
+                layer.pos_bias_u = get_tensor(TN_POS_BIAS_U % (prefix, il))
+                layer.pos_bias_v = get_tensor(TN_POS_BIAS_V % (prefix, il))
+                layer.conv_pw1_w = t(TN_CONV_PW1, "weight")
+                layer.conv_pw1_b = t(TN_CONV_PW1, "bias", False)
+                layer.conv_dw_w = t(TN_CONV_DW, "weight")
+                layer.conv_dw_b = t(TN_CONV_DW, "bias", False)
+                layer.conv_norm_w = t(TN_CONV_NORM, "weight")
+                layer.conv_norm_b = t(TN_CONV_NORM, "bias")
+                layer.conv_norm_mean = get_tensor(TN_CONV_NORM_MEAN % (prefix, il))
+                layer.conv_norm_var = get_tensor(TN_CONV_NORM_VAR % (prefix, il))
+                layer.conv_pw2_w = t(TN_CONV_PW2, "weight")
+                layer.conv_pw2_b = t(TN_CONV_PW2, "bias", False)
+                layer.ff_norm_w = t(TN_FFN_NORM, "weight")
+                layer.ff_norm_b = t(TN_FFN_NORM, "bias")
+                layer.ff_norm_1_w = t(TN_FFN_NORM_1, "weight")
+                layer.ff_norm_1_b = t(TN_FFN_NORM_1, "bias")
+                layer.ff_up_1_w = t(TN_FFN_UP_1, "weight")
+                layer.ff_up_1_b = t(TN_FFN_UP_1, "bias", False)
+                layer.ff_down_1_w = t(TN_FFN_DOWN_1, "weight")
+                layer.ff_down_1_b = t(TN_FFN_DOWN_1, "bias", False)
+                layer.norm_conv_w = t(TN_NORM_CONV, "weight")
+                layer.norm_conv_b = t(TN_NORM_CONV, "bias")
+            # the file's vision projector (Nemotron's mlp1), required by this loader too
+            model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (0, "weight"))
+            model.mm_model_mlp_2_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
+            model.mm_model_mlp_3_w = get_tensor(TN_MVLM_PROJ_MLP % (3, "weight"))
+        elif model.proj_type == "mimo_audio":
+            model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
+            model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
+            model.conv1d_2_w = get_tensor(TN_CONV1D % (2, "weight"))
+            model.conv1d_2_b = get_tensor(TN_CONV1D % (2, "bias"))
+            model.downsample_conv_w = get_tensor(TN_A_DOWNSAMPLE_CONV % "weight")
+            model.downsample_norm_w = get_tensor(TN_A_DOWNSAMPLE_NORM % "weight")
+            model.downsample_norm_b = get_tensor(TN_A_DOWNSAMPLE_NORM % "bias")
+            model.rvq_codebook = get_tensor(TN_A_RVQ_CODEBOOK % "weight", False)
+            model.mm_a_code_embd = get_tensor(TN_MM_A_CODE_EMBD % "weight", False)
+            if model.rvq_codebook is None or model.mm_a_code_embd is None:
+                self.fail(f"load_tensors: mimo_audio: missing {TN_A_RVQ_CODEBOOK} or {TN_MM_A_CODE_EMBD}")
+            # the metadata's bin counts bound by both tables (the graph's views read that many rows)
+            for bins in hp.rvq_codebook_size:
+                if bins <= 0 or bins > model.rvq_codebook.ne[1] or bins > model.mm_a_code_embd.ne[1]:
+                    self.fail(f"load_tensors: mimo_audio: {KEY_A_RVQ_CODEBOOK_SIZE} entry ({bins}) out of range for "
+                              f"codebook/code_embd tensors")
+            model.mm_a_local_layers = [ClipLayer() for _ in range(hp.audio_local_n_layer)]
+            for il, layer in enumerate(model.mm_a_local_layers):
+                layer.q_w = get_tensor(TN_MM_A_LOCAL_ATTN_Q % (il, "weight"))
+                layer.q_b = get_tensor(TN_MM_A_LOCAL_ATTN_Q % (il, "bias"))
+                layer.k_w = get_tensor(TN_MM_A_LOCAL_ATTN_K % (il, "weight"))
+                layer.k_b = get_tensor(TN_MM_A_LOCAL_ATTN_K % (il, "bias"))
+                layer.v_w = get_tensor(TN_MM_A_LOCAL_ATTN_V % (il, "weight"))
+                layer.v_b = get_tensor(TN_MM_A_LOCAL_ATTN_V % (il, "bias"))
+                layer.o_w = get_tensor(TN_MM_A_LOCAL_ATTN_OUT % (il, "weight"))
+                layer.ff_gate_w = get_tensor(TN_MM_A_LOCAL_FFN_GATE % (il, "weight"))
+                layer.ff_up_w = get_tensor(TN_MM_A_LOCAL_FFN_UP % (il, "weight"))
+                layer.ff_down_w = get_tensor(TN_MM_A_LOCAL_FFN_DOWN % (il, "weight"))
+                layer.ln_1_w = get_tensor(TN_MM_A_LOCAL_LN1 % (il, "weight"))
+                layer.ln_2_w = get_tensor(TN_MM_A_LOCAL_LN2 % (il, "weight"))
+            model.mm_a_local_norm_w = get_tensor(TN_MM_A_LOCAL_NORM % "weight")
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
+        elif model.proj_type == "glma":
+            model.conv1d_1_w = get_tensor(TN_CONV1D % (1, "weight"))
+            model.conv1d_1_b = get_tensor(TN_CONV1D % (1, "bias"))
+            model.conv1d_2_w = get_tensor(TN_CONV1D % (2, "weight"))
+            model.conv1d_2_b = get_tensor(TN_CONV1D % (2, "bias"))
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
+            model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+            model.mm_norm_pre_w = get_tensor(TN_MM_NORM_PRE % "weight")
+            model.mm_norm_pre_b = get_tensor(TN_MM_NORM_PRE % "bias")
+            model.mm_boi = get_tensor(TN_TOK_BOI)
+            model.mm_eoi = get_tensor(TN_TOK_EOI)
         elif model.proj_type == "qwen3a":
             model.conv2d_1_w = get_tensor(TN_CONV2D % (1, "weight"))
             model.conv2d_1_b = get_tensor(TN_CONV2D % (1, "bias"))
@@ -1241,6 +1654,81 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
             model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
             model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+        elif model.proj_type == "gemma4a":
+            for i in range(2):
+                model.sscp_conv_w[i] = get_tensor(TN_A_CONV1D % (i, "weight"))
+                model.sscp_conv_b[i] = get_tensor(TN_A_CONV1D % (i, "bias"), False)
+                model.sscp_norm_w[i] = get_tensor(TN_A_CONV1D_NORM % (i, "weight"), False)
+            model.sscp_inp_proj_w = get_tensor(TN_A_INP_PROJ % "weight")
+            model.sscp_inp_proj_b = get_tensor(TN_A_INP_PROJ % "bias", False)
+            model.audio_out_proj_w = get_tensor(TN_A_OUT_PROJ % "weight", False)
+            model.audio_out_proj_b = get_tensor(TN_A_OUT_PROJ % "bias", False)
+            model.mm_soft_emb_norm_w = get_tensor(TN_A_MM_SOFT_EMB_N % "weight", False)
+            model.mm_input_proj_w = get_tensor(TN_A_MM_INP_PROJ % "weight", False)
+            for il, layer in enumerate(model.layers):
+                def t(fmt: str, suffix: str, required: bool = False) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix), required)
+                layer.ff_norm_w = t(TN_FFN_NORM, "weight", True)
+                layer.attn_pre_norm_w = t(TN_A_ATTN_PRE_NORM, "weight")
+                layer.per_dim_scale_w = t(TN_A_PER_DIM_SCALE, "weight")
+                layer.per_dim_k_scale_w = t(TN_A_PER_DIM_K_SCALE, "weight")
+                layer.attn_k_rel_w = t(TN_A_ATTN_K_REL, "weight")
+                # conv_norm and norm_conv are swapped in the GGUF (tensor_mapping.py): read crosswise
+                layer.norm_conv_w = t(TN_CONV_NORM, "weight")
+                layer.norm_conv_b = t(TN_CONV_NORM, "bias")
+                layer.conv_pw1_w = t(TN_CONV_PW1, "weight", True)
+                layer.conv_pw1_b = t(TN_CONV_PW1, "bias")
+                layer.conv_dw_w = t(TN_CONV_DW, "weight", True)
+                layer.conv_dw_b = t(TN_CONV_DW, "bias")
+                layer.conv_norm_w = t(TN_NORM_CONV, "weight")
+                layer.conv_norm_b = t(TN_NORM_CONV, "bias")
+                layer.conv_pw2_w = t(TN_CONV_PW2, "weight", True)
+                layer.conv_pw2_b = t(TN_CONV_PW2, "bias")
+                layer.ff_norm_1_w = t(TN_FFN_NORM_1, "weight", True)
+                layer.ff_up_1_w = t(TN_FFN_UP_1, "weight", True)
+                layer.ff_up_1_b = t(TN_FFN_UP_1, "bias")
+                layer.ff_down_1_w = t(TN_FFN_DOWN_1, "weight", True)
+                layer.ff_down_1_b = t(TN_FFN_DOWN_1, "bias")
+                layer.ff_post_norm_1_w = t(TN_A_FFN_POST_NORM_1, "weight")
+            self.load_clamp_info(model, loaded)
+        elif model.proj_type == "lfm2a":
+            for i in (0, 2, 3, 5, 6):
+                model.pre_encode_conv_X_w[i] = get_tensor(TN_CONV1D % (i, "weight"))
+                model.pre_encode_conv_X_b[i] = get_tensor(TN_CONV1D % (i, "bias"))
+            model.pre_encode_out_w = get_tensor(TN_PRE_ENCODE_OUT % "weight")
+            model.pre_encode_out_b = get_tensor(TN_PRE_ENCODE_OUT % "bias")
+            model.mm_0_w = get_tensor(TN_MM_AUDIO_MLP % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_MM_AUDIO_MLP % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_MM_AUDIO_MLP % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
+            model.mm_3_w = get_tensor(TN_MM_AUDIO_MLP % (3, "weight"))
+            model.mm_3_b = get_tensor(TN_MM_AUDIO_MLP % (3, "bias"))
+            for il, layer in enumerate(model.layers):
+                def t(fmt: str, suffix: str) -> Optional[Tensor]:
+                    return get_tensor(fmt % (prefix, il, suffix))
+                layer.ff_norm_w = t(TN_FFN_NORM, "weight")
+                layer.ff_norm_b = t(TN_FFN_NORM, "bias")
+                layer.ff_norm_1_w = t(TN_FFN_NORM_1, "weight")
+                layer.ff_norm_1_b = t(TN_FFN_NORM_1, "bias")
+                layer.ff_up_1_w = t(TN_FFN_UP_1, "weight")
+                layer.ff_up_1_b = t(TN_FFN_UP_1, "bias")
+                layer.ff_down_1_w = t(TN_FFN_DOWN_1, "weight")
+                layer.ff_down_1_b = t(TN_FFN_DOWN_1, "bias")
+                layer.pos_bias_u = get_tensor(TN_POS_BIAS_U % (prefix, il))
+                layer.pos_bias_v = get_tensor(TN_POS_BIAS_V % (prefix, il))
+                layer.norm_conv_w = t(TN_NORM_CONV, "weight")
+                layer.norm_conv_b = t(TN_NORM_CONV, "bias")
+                layer.linear_pos_w = t(TN_LINEAR_POS, "weight")
+                layer.conv_norm_w = t(TN_CONV_NORM, "weight")
+                layer.conv_norm_b = t(TN_CONV_NORM, "bias")
+                layer.conv_dw_w = t(TN_CONV_DW, "weight")
+                layer.conv_dw_b = t(TN_CONV_DW, "bias")
+                layer.conv_pw1_w = t(TN_CONV_PW1, "weight")
+                layer.conv_pw1_b = t(TN_CONV_PW1, "bias")
+                layer.conv_pw2_w = t(TN_CONV_PW2, "weight")
+                layer.conv_pw2_b = t(TN_CONV_PW2, "bias")
+        elif model.proj_type == "gemma4ua":
+            model.mm_input_proj_w = get_tensor(TN_A_MM_INP_PROJ % "weight")
         elif model.proj_type == "llama4":
             model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
             model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
@@ -1249,16 +1737,31 @@ class ClipModelLoader:
         # order (graph_optimize passes compare their byte ranges)
         ctx.weights = alloc_ctx_tensors(ctx.weights.buft, list(loaded.values()), "weights")
 
-    def check_scalar(self, name: str) -> None:
-        """get_scalar's checks of a scalar tensor it reads from the file, when there is one."""
+    def load_clamp_info(self, model: ClipModel, loaded: dict[str, Tensor]) -> None:
+        """Gemma4ClippableLinear: every weight loaded so far is clamped, by its scalars or +-FLT_MAX."""
+        for name in loaded:
+            if name.endswith(".weight"):
+                for suffix in (".input_max", ".input_min", ".output_max", ".output_min"):
+                    self.check_scalar(name.replace(".weight", suffix))
+                model.clamped.add(name)
+
+    def check_vector(self, name: str) -> int:
+        """get_vector's checks of a tensor it reads from the file, when there is one: its f32 values
+        (none when absent)."""
         info = self.header.tensor(name)
         if info is None:
-            return
+            return 0
         if info.type != ggml.T.F32:
             self.fail(f"load_tensors: {name} must be f32, was {ggml.type_name(info.type)}")
         if info.nbytes == 0:
             self.fail(f"load_tensors: tensor {name} is empty")
-        if info.n_elements != 1:
+        return info.nbytes // 4
+
+    def check_scalar(self, name: str) -> None:
+        """get_scalar's checks of a scalar tensor it reads from the file, when there is one."""
+        self.check_vector(name)
+        info = self.header.tensor(name)
+        if info is not None and info.n_elements != 1:
             self.fail(f"load_tensors: expected scalar tensor '{name}' but got {info.n_elements} elements")
 
 
@@ -1296,10 +1799,27 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_1_b.ne[0] * (1 + model.n_deepstack_layers)   # main path + deepstack paths
     if p in ("gemma3", "gemma3nv"):
         return model.mm_input_proj_w.ne[0]
-    if p in ("gemma4v", "gemma4uv"):
+    if p in ("gemma4v", "gemma4uv", "gemma4a", "gemma4ua"):
+        if model.mm_input_proj_w is None:     # gemma4a loads it as optional, this reads it regardless
+            raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
+                            "mm.a.input_projection.weight (a null tensor is read)")
         return model.mm_input_proj_w.ne[1]
-    if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a"):
+    if p in ("ultravox", "voxtral", "musicflamingo", "qwen3a", "glma", "dots3note_a", "mimo_audio"):
         return model.mm_2_w.ne[1]
+    if p == "granite_speech":
+        return model.qf_proj_blocks[0].qf_proj_linear_w.ne[1]
+    if p == "parakeet":
+        if model.mm_1_w is None:
+            raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
+                            "mm.a.mlp.2.weight (a null tensor is read)")
+        return model.mm_1_w.ne[1]
+    if p == "lfm2a":
+        if model.position_embeddings is None:
+            raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
+                            "a.position_embd.weight (a null tensor is read)")
+        return model.position_embeddings.ne[0]
+    if p == "meralion":
+        return model.mm_3_w.ne[1]     # out_proj's output
     if p == "qwen2a":
         return model.mm_fc_w.ne[1]
     if p in ("pixtral", "lfm2", "kimivl"):
@@ -1428,12 +1948,14 @@ class ClipGraph:
         return cur
 
     def build_stack(self, cur: Tensor, stack_factor: int, n_embed: int) -> Tensor:
-        """StackAudioFrames (Ultravox): stack_factor frames per row, the last row zero-padded."""
+        """StackAudioFrames (Ultravox): stack_factor frames per row, the last row zero-padded (to
+        GGML_PAD's length; the rows are the whole ones of it)."""
         if stack_factor <= 1:
             return cur
         total = cur.nelements()
         stride = n_embed * stack_factor
-        padded = -(-total // stride) * stride
+        # GGML_PAD's bit mask: a multiple of stride only for a power of two (MERaLiON's 15 pads more)
+        padded = (total + stride - 1) & ~(stride - 1)
         if padded - total > 0:
             cur = ggml.view(cur, (total,), (), 0)
             cur = ggml.pad(cur, padded - total, 0, 0, 0)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ...backends.types import Backend
+from ..ggml import GGMLAbort
 from ..hparams import UnsupportedModel
 from ..params import MmprojParams, Params
 from .clip import ClipContextParams, ClipCtx, clip_init, clip_n_mmproj_embd, registry_devices
@@ -79,6 +80,8 @@ def mtmd_get_memory_usage(params: Params, mmproj: MmprojParams) -> MmprojPlan:
                                    f"between vision and audio mmproj (n_embd_v = {n_embd_v}, n_embd_a = {n_embd_a})")
     if res.ctx_v is not None:
         init_vision(mmproj.path, res.ctx_v)
+    if res.ctx_a is not None:
+        init_audio(res.ctx_a)
     return MmprojPlan(mmproj.path, devices, contexts)
 
 
@@ -89,6 +92,19 @@ def init_vision(path: str, ctx_v: ClipCtx) -> None:
     if ctx_v.model.proj_type == "resampler" and version not in (0, 2, 3, 4, 5, 6, 100045):
         raise UnsupportedModel(f"{path}: llama.cpp would fail to load the multimodal projector: unsupported "
                                f"minicpmv version: {version}")
+
+
+def init_audio(ctx: ClipCtx) -> None:
+    """mtmd_context::init_audio: the audio preprocessor's initialize(); Parakeet's takes its mel
+    filterbank and window from the file (mtmd-audio.cpp GGML_ASSERTs on their sizes: n_mel_bins x
+    (n_fft / 2 + 1) filters, a window of window_len <= n_fft; n_fft 512, window 400)."""
+    hp = ctx.model.hparams
+    if ctx.model.proj_type == "parakeet":
+        n_fft, window_len = 512, 400
+        if hp.n_mel_filters != hp.n_mel_bins * (n_fft // 2 + 1) or hp.n_window != window_len:
+            raise GGMLAbort(f"llama.cpp would abort initializing the audio preprocessor (mtmd-audio.cpp GGML_ASSERTs "
+                            f"on the file's a.mel_filters and a.window): {hp.n_mel_filters} filter values for "
+                            f"{hp.n_mel_bins} mel bins x {n_fft // 2 + 1}, a window of {hp.n_window} for {window_len}")
 
 
 def check_n_embd(plan: MmprojPlan, model_path: str, n_embd_inp: int) -> None:

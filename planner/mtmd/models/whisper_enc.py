@@ -1,7 +1,8 @@
 """tools/mtmd/models/whisper-enc.cpp: clip_graph_whisper_enc, a Whisper encoder (two 1-D convs over
 the mel frames, the ViT at half the frames, Qwen2-Audio's and Voxtral's average pool) and the
 projectors of Ultravox (stacked frames, RMS norms, swapped SwiGLU), Qwen2-Audio, Voxtral (stacked
-frames, a GELU MLP) and Music Flamingo."""
+frames, a GELU MLP), Music Flamingo, MERaLiON (stacked frames, a LayerNorm, a SiLU compression and a
+GLU) and GLM-ASR (a LayerNorm, stacked frames, a GELU MLP between the begin/end-of-audio rows)."""
 from __future__ import annotations
 
 from ... import ggml
@@ -47,9 +48,33 @@ class ClipGraphWhisperEnc(ClipGraph):
         elif self.proj_type == "qwen2a":
             cur = self.build_mm(model.mm_fc_w, cur)
             cur = ggml.add(cur, model.mm_fc_b)
-        else:     # voxtral, musicflamingo
+        elif self.proj_type in ("voxtral", "musicflamingo"):
             cur = self.build_ffn(cur, model.mm_1_w, model.mm_1_b, None, None, model.mm_2_w, model.mm_2_b,
                                  FFN_GELU_ERF, -1)
+        elif self.proj_type == "meralion":
+            # stack (above) -> ln -> linear0 + SiLU -> GLU -> out
+            cur = ggml.norm(cur, hp.eps)
+            cur = ggml.mul(cur, model.mm_norm_pre_w)
+            cur = ggml.add(cur, model.mm_norm_pre_b)
+            cur = ggml.mul_mat(model.mm_0_w, cur)
+            cur = ggml.add(cur, model.mm_0_b)
+            cur = ggml.unary(cur, "SILU")
+            gate = ggml.mul_mat(model.mm_1_w, cur)
+            gate = ggml.add(gate, model.mm_1_b)
+            gate = ggml.unary(gate, "SILU")
+            pool = ggml.mul_mat(model.mm_2_w, cur)
+            pool = ggml.add(pool, model.mm_2_b)
+            cur = ggml.mul(gate, pool)
+            cur = ggml.mul_mat(model.mm_3_w, cur)
+            cur = ggml.add(cur, model.mm_3_b)
+        else:     # glma
+            cur = ggml.norm(cur, hp.eps)
+            cur = ggml.mul(cur, model.mm_norm_pre_w)
+            cur = ggml.add(cur, model.mm_norm_pre_b)
+            cur = self.build_stack(cur, hp.proj_stack_factor, self.n_embd)
+            cur = self.build_ffn(cur, model.mm_1_w, model.mm_1_b, None, None, model.mm_2_w, model.mm_2_b, hp.ffn_op, 0)
+            cur = ggml.concat(model.mm_boi, cur, 1)
+            cur = ggml.concat(cur, model.mm_eoi, 1)
         self.cb(cur, "projected", -1)
         self.expand(cur)
         return self.gf

@@ -1,0 +1,80 @@
+"""LLM_ARCH_PANGU_EMBED (src/models/pangu-embed.cpp): openPangu-Embedded-1B/7B.
+
+Llama's block with Q/K/V and output biases (the output bias required), no rope factors in the graph
+(rope_freqs / longrope factors are loaded when present, as llama's loader does, but rope_ext gets
+nullptr), a SwiGLU FFN without biases; output tied unless present.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import ggml
+from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
+from ..hparams import LLAMA_ROPE_TYPE_NEOX, HParams
+from ..model import Model, TensorCreator, require_head_sizes_equal
+from ..model_loader import ModelLoader, tn
+from .llama import create_rope_factors
+
+LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
+
+
+def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
+    """llama_model_pangu_embed::load_arch_hparams"""
+    hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
+    require_head_sizes_equal(ml, hp)   # the graph's GGML_ASSERTs
+
+
+def load_arch_tensors(c: TensorCreator, model: Model) -> None:
+    """llama_model_pangu_embed::load_arch_tensors"""
+    hp = model.hparams
+    n_embd, n_vocab, n_ff = hp.n_embd, hp.n_vocab, hp.n_ff()
+    n_q = hp.n_embd_head_k() * hp.n_head()
+    model.tok_embd = c.create_tensor(tn("TOKEN_EMBD", "weight"), (n_embd, n_vocab))
+    c.create_output(model, n_embd, n_vocab)
+    for i, layer in enumerate(model.layers):
+        layer.attn_norm = c.create_tensor(tn("ATTN_NORM", "weight", i), (n_embd,))
+        c.create_tensor_qkv(layer, i, n_embd, n_q, hp.n_embd_k_gqa(), hp.n_embd_v_gqa())
+        layer.wo = c.create_tensor(tn("ATTN_OUT", "weight", i), (n_q, n_embd))
+        layer.bo = c.create_tensor(tn("ATTN_OUT", "bias", i), (n_embd,))
+        layer.ffn_norm = c.create_tensor(tn("FFN_NORM", "weight", i), (n_embd,))
+        create_rope_factors(c, layer, i, hp, hp.n_rot())
+        layer.ffn_gate = c.create_tensor(tn("FFN_GATE", "weight", i), (n_embd, n_ff))
+        layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
+        layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
+
+
+def build(g: GraphContext) -> None:
+    """llama_model_pangu_embed::graph"""
+    model, hp = g.model, g.hparams
+    n_embd_head = hp.n_embd_head_v()
+    inp_l = g.build_inp_embd(model.tok_embd)
+    inp_pos = g.build_inp_pos()
+    inp_attn = g.build_attn_inp_kv()
+    inp_out_ids = g.build_inp_out_ids()
+
+    for il, layer in enumerate(model.layers):
+        inp_sa = inp_l
+        cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
+        g.cb(cur, "attn_norm", il)
+        q, k, v = g.build_qkv(layer, cur, n_embd_head, hp.n_head(), hp.n_head_kv(), il)
+        q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn)
+        k = ggml.rope_ext(k, inp_pos, None, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn)
+        g.cb(q, "Qcur", il)
+        g.cb(k, "Kcur", il)
+        g.cb(v, "Vcur", il)
+        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, 1.0 / math.sqrt(n_embd_head), il)
+        if il == hp.n_layer - 1:
+            cur = ggml.get_rows(cur, inp_out_ids)
+            inp_sa = ggml.get_rows(inp_sa, inp_out_ids)
+        ffn_inp = ggml.add(cur, inp_sa)
+        g.cb(ffn_inp, "ffn_inp", il)
+        cur = g.build_norm(ffn_inp, layer.ffn_norm, None, LLM_NORM_RMS, il)
+        g.cb(cur, "ffn_norm", il)
+        cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None,
+                          LLM_FFN_SILU, LLM_FFN_PAR, il)
+        cur = ggml.add(cur, ffn_inp)
+        g.cb(cur, "ffn_out", il)
+        g.cb(cur, "l_out", il)   # build_cvec returns cur without control vectors
+        inp_l = cur
+
+    g.build_output(inp_l)

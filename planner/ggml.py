@@ -418,7 +418,7 @@ def l2_norm(a: Tensor, eps: float) -> Tensor:
 
 # enum ggml_unary_op, for the ones schedplan builds
 UNARY_OPS = {"ABS": 0, "SGN": 1, "NEG": 2, "TANH": 4, "RELU": 6, "SIGMOID": 7, "GELU": 8, "GELU_QUICK": 9, "SILU": 10,
-             "EXP": 13, "SOFTPLUS": 15, "GELU_ERF": 16, "XIELU": 17, "ROUND": 20}
+             "HARDSWISH": 11, "HARDSIGMOID": 12, "EXP": 13, "SOFTPLUS": 15, "GELU_ERF": 16, "XIELU": 17, "ROUND": 20}
 
 
 def unary(a: Tensor, unary_op: str, inplace: bool = False) -> Tensor:
@@ -742,6 +742,19 @@ def conv_2d_direct(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0:
     return _op(new_tensor(b.type, *ne), "CONV_2D", [a, b], (s0, s1, p0, p1, d0, d1))
 
 
+def conv_2d_dw(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """ggml_conv_2d_dw: a depthwise conv as one im2col over every channel and a batched product,
+    [OW, OH, C, N]."""
+    present(a, b)
+    new_a = reshape(a, a.ne[0], a.ne[1], 1, a.ne[2] * a.ne[3])
+    col = im2col(new_a, reshape(b, b.ne[0], b.ne[1], 1, b.ne[2] * b.ne[3]), s0, s1, p0, p1, d0, d1, True,
+                 T.F32 if a.type == T.BF16 else T.F16)        # [N * IC, OH, OW, KH * KW]
+    new_b = reshape(col, col.ne[0], col.ne[2] * col.ne[1], b.ne[2], b.ne[3])
+    new_a = reshape(new_a, new_a.ne[0] * new_a.ne[1], new_a.ne[2], new_a.ne[3], 1)
+    r = mul_mat(new_a, new_b)
+    return reshape(r, col.ne[1], col.ne[2], b.ne[2], b.ne[3])
+
+
 def conv_2d_dw_direct(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
     """ggml_conv_2d_dw_direct: CONV_2D_DW, one [KW, KH, 1, C] kernel per channel of b; a result in
     b's channel-contiguous order (CWHN) where b has it."""
@@ -832,6 +845,14 @@ def pool_2d(a: Tensor, op: int, k0: int, k1: int, s0: int, s1: int, p0: float, p
 # enum ggml_scale_mode and its flags
 SCALE_MODE_NEAREST, SCALE_MODE_BILINEAR, SCALE_MODE_BICUBIC = 0, 1, 2
 SCALE_FLAG_ALIGN_CORNERS, SCALE_FLAG_ANTIALIAS = 1 << 8, 1 << 9
+
+
+def upscale(a: Tensor, scale_factor: int, mode: int) -> Tensor:
+    """ggml_upscale: GGML_ASSERT(scale_factor > 1), then interpolate to ne0, ne1 times the factor."""
+    if scale_factor <= 1:
+        raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_upscale GGML_ASSERT(scale_factor > 1)): '{a.name}' by "
+                        f"{scale_factor}")
+    return interpolate(a, a.ne[0] * scale_factor, a.ne[1] * scale_factor, a.ne[2], a.ne[3], mode)
 
 
 def interpolate(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, mode: int) -> Tensor:

@@ -98,7 +98,7 @@ def test_unplanned_and_unknown_types_are_refused(tmp_path):
     # gemma3na: a type llama.cpp knows but load_hparams has no case for (real llama.cpp's
     # mtmd_get_memory_usage fails on it: no estimate)
     for base, proj_type, message in (
-            ("tiny-mmproj-gemma3", "cogvlm", "the multimodal projector type 'cogvlm' (vision) is not planned"),
+            ("tiny-mmproj-gemma3", "pockettts_gen", "the multimodal projector type 'pockettts_gen' (vision) is not planned"),
             ("tiny-mmproj-gemma3", "no-such-type", "unknown projector type: no-such-type"),
             ("tiny-mmproj-ultravox", "gemma3na", "load_hparams: unknown vision projector type gemma3na")):
         config = load_config(base)
@@ -106,6 +106,18 @@ def test_unplanned_and_unknown_types_are_refused(tmp_path):
         path = write_mmproj(config, tmp_path / f"{proj_type}.gguf", header_only=True)
         out = run_cli("reserve", str(model_path("tiny-gemma3")), "-mm", str(path))
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+
+
+def test_minicpmv_version_without_a_template_is_refused(tmp_path):
+    """mtmd_context::init_vision has a slice template for MiniCPM-V versions 2-6 and 100045 only
+    (llama.cpp's mtmd_get_memory_usage returns nothing for version 1)."""
+    from fixtures.make_mmproj import load_config, write_mmproj
+    config = load_config("tiny-mmproj-minicpmv")
+    config["metadata"]["clip.minicpmv_version"] = 1
+    path = write_mmproj(config, tmp_path / "minicpmv1.gguf", header_only=True)
+    out = run_cli("reserve", str(model_path("tiny-qwen2")), "-mm", str(path))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "unsupported minicpmv version: 1" in out.stderr
 
 
 @pytest.mark.parametrize("files, model, expected", [

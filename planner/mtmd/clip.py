@@ -63,6 +63,9 @@ KEY_MM_PATCH_MERGE_TYPE = "clip.vision.mm_patch_merge_type"
 KEY_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"
 KEY_PREPROC_MIN_TILES = "clip.vision.preproc_min_tiles"
 KEY_PREPROC_MAX_TILES = "clip.vision.preproc_max_tiles"
+KEY_WIN_ATTN_LAYER_INDEXES = "clip.vision.wa_layer_indexes"
+KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
+KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 KEY_A_RVQ_NUM_QUANTIZERS = "clip.audio.rvq.num_quantizers"
 KEY_A_RVQ_CODEBOOK_SIZE = "clip.audio.rvq.codebook_size"
 KEY_A_WA_PATTERN_MODE = "clip.audio.wa_pattern_mode"
@@ -97,6 +100,7 @@ TN_PATCH_EMBD = "v.patch_embd.weight"
 TN_PATCH_EMBD_1 = "v.patch_embd.weight.1"
 TN_PATCH_BIAS = "v.patch_embd.bias"
 TN_NORM_EMBD = "v.norm_embd.%s"
+TN_PATCH_NORM = "v.patch_norm.%d.%s"
 TN_ATTN_QKV = "%s.blk.%d.attn_qkv.%s"
 TN_ATTN_K = "%s.blk.%d.attn_k.%s"
 TN_ATTN_Q = "%s.blk.%d.attn_q.%s"
@@ -124,6 +128,66 @@ TN_LN_PRE = "%s.pre_ln.%s"
 TN_LN_POST = "%s.post_ln.%s"
 TN_LLAVA_PROJ = "mm.%d.%s"
 TN_MVLM_PROJ_MLP = "mm.model.mlp.%d.%s"
+TN_MVLM_PROJ_BLOCK = "mm.model.mb_block.%d.block.%d.%s"
+TN_MVLM_PROJ_PEG = "mm.model.peg.%d.%s"
+TN_IMAGE_NEWLINE = "v.image_newline"
+TN_MM_POST_FC_NORM = "mm.post_fc_norm.%s"
+TN_MM_H_TO_4H = "mm.up.%s"
+TN_MM_4H_TO_H = "mm.down.%s"
+TN_TOK_BOI = "v.boi"
+TN_TOK_EOI = "v.eoi"
+TN_TOK_GLM_BOI = "adapter.boi"
+TN_TOK_GLM_EOI = "adapter.eoi"
+TN_GLM_ADAPER_CONV = "adapter.conv.%s"
+TN_GLM_ADAPTER_LINEAR = "adapter.linear.linear.%s"
+TN_GLM_ADAPTER_NORM_1 = "adapter.linear.norm1.%s"
+TN_GLM_ADAPTER_D_H_2_4H = "adapter.linear.dense_h_to_4h.%s"
+TN_GLM_ADAPTER_GATE = "adapter.linear.gate.%s"
+TN_GLM_ADAPTER_D_4H_2_H = "adapter.linear.dense_4h_to_h.%s"
+TN_VIT_MERGER_LN1 = "v.vit_merger.ln1.%s"
+TN_VIT_MERGER_ATTN_Q = "v.vit_merger.attn_q.%s"
+TN_VIT_MERGER_ATTN_K = "v.vit_merger.attn_k.%s"
+TN_VIT_MERGER_ATTN_V = "v.vit_merger.attn_v.%s"
+TN_VIT_MERGER_ATTN_O = "v.vit_merger.attn_out.%s"
+TN_VIT_MERGER_DS_LN = "v.vit_merger.ds_ln.%s"
+TN_VIT_MERGER_DS_UP = "v.vit_merger.ds_ffn_up.%s"
+TN_VIT_MERGER_DS_DOWN = "v.vit_merger.ds_ffn_down.%s"
+TN_MNV5_STEM_CONV = "v.conv_stem.conv.weight"
+TN_MNV5_STEM_BIAS = "v.conv_stem.conv.bias"
+TN_MNV5_STEM_BN = "v.conv_stem.bn.weight"
+TN_MNV5_BLK_S0_EXP_W = "v.blk.%d.%d.conv_exp.weight"
+TN_MNV5_BLK_S0_BN1_W = "v.blk.%d.%d.bn1.weight"
+TN_MNV5_BLK_S0_PWL_W = "v.blk.%d.%d.conv_pwl.weight"
+TN_MNV5_BLK_S0_BN2_W = "v.blk.%d.%d.bn2.weight"
+TN_MNV5_BLK_DW_START_W = "v.blk.%d.%d.dw_start.conv.weight"
+TN_MNV5_BLK_DW_START_BN = "v.blk.%d.%d.dw_start.bn.weight"
+TN_MNV5_BLK_DW_MID_W = "v.blk.%d.%d.dw_mid.conv.weight"
+TN_MNV5_BLK_DW_MID_BN = "v.blk.%d.%d.dw_mid.bn.weight"
+TN_MNV5_BLK_PW_EXP_W = "v.blk.%d.%d.pw_exp.conv.weight"
+TN_MNV5_BLK_PW_EXP_BN = "v.blk.%d.%d.pw_exp.bn.weight"
+TN_MNV5_BLK_PW_PROJ_W = "v.blk.%d.%d.pw_proj.conv.weight"
+TN_MNV5_BLK_PW_PROJ_BN = "v.blk.%d.%d.pw_proj.bn.weight"
+TN_MNV5_BLK_LAYER_SCALE = "v.blk.%d.%d.layer_scale.gamma"
+TN_MNV5_ATTN_Q_W = "v.blk.%d.%d.attn.query.proj.weight"
+TN_MNV5_ATTN_K_W = "v.blk.%d.%d.attn.key.proj.weight"
+TN_MNV5_ATTN_V_W = "v.blk.%d.%d.attn.value.proj.weight"
+TN_MNV5_ATTN_O_W = "v.blk.%d.%d.attn.output.proj.weight"
+TN_MNV5_ATTN_K_DW = "v.blk.%d.%d.attn.key.down_conv.weight"
+TN_MNV5_ATTN_K_NORM = "v.blk.%d.%d.attn.key.norm.weight"
+TN_MNV5_ATTN_V_DW = "v.blk.%d.%d.attn.value.down_conv.weight"
+TN_MNV5_ATTN_V_NORM = "v.blk.%d.%d.attn.value.norm.weight"
+TN_MNV5_ATTN_NORM = "v.blk.%d.%d.norm.weight"
+TN_MNV5_MSFA_FFN_EXP_W = "v.msfa.ffn.pw_exp.conv.weight"
+TN_MNV5_MSFA_FFN_EXP_BN = "v.msfa.ffn.pw_exp.bn.weight"
+TN_MNV5_MSFA_FFN_PROJ_W = "v.msfa.ffn.pw_proj.conv.weight"
+TN_MNV5_MSFA_FFN_PROJ_BN = "v.msfa.ffn.pw_proj.bn.weight"
+TN_MNV5_MSFA_NORM = "v.msfa.norm.weight"
+TN_MINICPMV_POS_EMBD_K = "resampler.pos_embed_k"
+TN_MINICPMV_QUERY = "resampler.query"
+TN_MINICPMV_PROJ = "resampler.proj.weight"
+TN_MINICPMV_KV_PROJ = "resampler.kv.weight"
+TN_MINICPMV_ATTN = "resampler.attn.%s.%s"
+TN_MINICPMV_LN = "resampler.ln_%s.%s"
 TN_MM_INP_NORM = "mm.input_norm.weight"
 TN_MM_INP_NORM_B = "mm.input_norm.bias"
 TN_MM_INP_PROJ = "mm.input_projection.weight"
@@ -299,6 +363,15 @@ GRAPH_BUILDERS = {
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "glma": "whisper_enc", "meralion": "whisper_enc",
     "qwen3a": "qwen3a",
+    "mlp": "llava", "mlp_norm": "llava", "ldp": "llava", "ldpv2": "llava", "adapter": "llava",
+    "resampler": "minicpmv", "minicpmv4_6": "minicpmv",
+    "janus_pro": "siglip", "phi4": "siglip",
+    "nemotron_v2_vl": "nemotron_v2_vl",
+    "cogvlm": "cogvlm",
+    "step3vl": "step3vl", "ling3vl": "ling3vl",
+    "muse-glimmer": "muse_glimmer",
+    "gemma4uv": "gemma4uv",
+    "gemma3nv": "mobilenetv5",
     "gemma4ua": "gemma4ua",
     "gemma4a": "gemma4a",
     "lfm2a": "conformer",
@@ -374,6 +447,12 @@ class ClipHparams:
     minicpmv_query_num: int = 0
     custom_image_min_tokens: int = -1
     custom_image_max_tokens: int = -1
+    has_llava_projector: bool = False
+    insert_layer_id: int = 0      # MiniCPM-V 4.6's ViT merger insertion layer
+    muse_glimmer_sparse_factor: int = 0
+
+    def is_feature_layer(self, layer: int) -> bool:
+        return layer in self.feature_layers
     attn_window_size: int = 0
     rvq_num_quantizers: int = 0
     rvq_codebook_size: list[int] = field(default_factory=list)
@@ -513,6 +592,33 @@ class ClipLayer:
 
 
 @dataclass
+class MobilenetV5Block:
+    """mobilenetv5_block: an edge residual (stage 0), a universal inverted residual or an MQA block."""
+    s0_conv_exp_w: Optional[Tensor] = None
+    s0_bn1_w: Optional[Tensor] = None
+    s0_conv_pwl_w: Optional[Tensor] = None
+    s0_bn2_w: Optional[Tensor] = None
+    dw_start_w: Optional[Tensor] = None
+    dw_start_bn_w: Optional[Tensor] = None
+    pw_exp_w: Optional[Tensor] = None
+    pw_exp_bn_w: Optional[Tensor] = None
+    dw_mid_w: Optional[Tensor] = None
+    dw_mid_bn_w: Optional[Tensor] = None
+    pw_proj_w: Optional[Tensor] = None
+    pw_proj_bn_w: Optional[Tensor] = None
+    layer_scale_w: Optional[Tensor] = None
+    attn_q_w: Optional[Tensor] = None
+    attn_k_w: Optional[Tensor] = None
+    attn_v_w: Optional[Tensor] = None
+    attn_o_w: Optional[Tensor] = None
+    attn_k_dw_w: Optional[Tensor] = None
+    attn_k_norm_w: Optional[Tensor] = None
+    attn_v_dw_w: Optional[Tensor] = None
+    attn_v_norm_w: Optional[Tensor] = None
+    attn_norm_w: Optional[Tensor] = None
+
+
+@dataclass
 class QfBlock:
     """qf_block (clip-model.h): a QFormer projector's queries, norms, layers and output linear (Granite
     Speech's; Granite 4 Vision's windowed, with image positions)."""
@@ -620,6 +726,101 @@ class ClipModel:
     mm_boi: Optional[Tensor] = None
     mm_eoi: Optional[Tensor] = None
     mm_fc_b: Optional[Tensor] = None
+    patch_norm_1_w: Optional[Tensor] = None
+    patch_norm_1_b: Optional[Tensor] = None
+    patch_norm_2_w: Optional[Tensor] = None
+    patch_norm_2_b: Optional[Tensor] = None
+    patch_norm_3_w: Optional[Tensor] = None
+    patch_norm_3_b: Optional[Tensor] = None
+    mm_4_w: Optional[Tensor] = None
+    mm_4_b: Optional[Tensor] = None
+    image_newline: Optional[Tensor] = None
+    # MobileVLM's LDP / LDPv2
+    mm_model_mlp_0_w: Optional[Tensor] = None
+    mm_model_mlp_0_b: Optional[Tensor] = None
+    mm_model_mlp_1_b: Optional[Tensor] = None
+    mm_model_mlp_2_b: Optional[Tensor] = None
+    mm_model_mlp_3_w: Optional[Tensor] = None
+    mm_model_mlp_3_b: Optional[Tensor] = None
+    mm_model_block_1_block_0_0_w: Optional[Tensor] = None
+    mm_model_block_1_block_0_1_w: Optional[Tensor] = None
+    mm_model_block_1_block_0_1_b: Optional[Tensor] = None
+    mm_model_block_1_block_1_fc1_w: Optional[Tensor] = None
+    mm_model_block_1_block_1_fc1_b: Optional[Tensor] = None
+    mm_model_block_1_block_1_fc2_w: Optional[Tensor] = None
+    mm_model_block_1_block_1_fc2_b: Optional[Tensor] = None
+    mm_model_block_1_block_2_0_w: Optional[Tensor] = None
+    mm_model_block_1_block_2_1_w: Optional[Tensor] = None
+    mm_model_block_1_block_2_1_b: Optional[Tensor] = None
+    mm_model_block_2_block_0_0_w: Optional[Tensor] = None
+    mm_model_block_2_block_0_1_w: Optional[Tensor] = None
+    mm_model_block_2_block_0_1_b: Optional[Tensor] = None
+    mm_model_block_2_block_1_fc1_w: Optional[Tensor] = None
+    mm_model_block_2_block_1_fc1_b: Optional[Tensor] = None
+    mm_model_block_2_block_1_fc2_w: Optional[Tensor] = None
+    mm_model_block_2_block_1_fc2_b: Optional[Tensor] = None
+    mm_model_block_2_block_2_0_w: Optional[Tensor] = None
+    mm_model_block_2_block_2_1_w: Optional[Tensor] = None
+    mm_model_block_2_block_2_1_b: Optional[Tensor] = None
+    mm_model_peg_0_w: Optional[Tensor] = None
+    mm_model_peg_0_b: Optional[Tensor] = None
+    # GLM-Edge's adapter
+    mm_model_adapter_conv_w: Optional[Tensor] = None
+    mm_model_adapter_conv_b: Optional[Tensor] = None
+    # MiniCPM-V's resampler
+    mm_model_pos_embed_k: Optional[Tensor] = None
+    mm_model_query: Optional[Tensor] = None
+    mm_model_kv_proj: Optional[Tensor] = None
+    mm_model_attn_q_w: Optional[Tensor] = None
+    mm_model_attn_q_b: Optional[Tensor] = None
+    mm_model_attn_k_w: Optional[Tensor] = None
+    mm_model_attn_k_b: Optional[Tensor] = None
+    mm_model_attn_v_w: Optional[Tensor] = None
+    mm_model_attn_v_b: Optional[Tensor] = None
+    mm_model_attn_o_w: Optional[Tensor] = None
+    mm_model_attn_o_b: Optional[Tensor] = None
+    mm_model_ln_q_w: Optional[Tensor] = None
+    mm_model_ln_q_b: Optional[Tensor] = None
+    mm_model_ln_kv_w: Optional[Tensor] = None
+    mm_model_ln_kv_b: Optional[Tensor] = None
+    mm_model_ln_post_w: Optional[Tensor] = None
+    mm_model_ln_post_b: Optional[Tensor] = None
+    # MiniCPM-V 4.6's ViT merger (window attention, 2x2 downsample MLP)
+    vit_merger_ln1_w: Optional[Tensor] = None
+    vit_merger_ln1_b: Optional[Tensor] = None
+    vit_merger_attn_q_w: Optional[Tensor] = None
+    vit_merger_attn_q_b: Optional[Tensor] = None
+    vit_merger_attn_k_w: Optional[Tensor] = None
+    vit_merger_attn_k_b: Optional[Tensor] = None
+    vit_merger_attn_v_w: Optional[Tensor] = None
+    vit_merger_attn_v_b: Optional[Tensor] = None
+    vit_merger_attn_o_w: Optional[Tensor] = None
+    vit_merger_attn_o_b: Optional[Tensor] = None
+    vit_merger_ds_ln_w: Optional[Tensor] = None
+    vit_merger_ds_ln_b: Optional[Tensor] = None
+    vit_merger_ds_up_w: Optional[Tensor] = None
+    vit_merger_ds_up_b: Optional[Tensor] = None
+    vit_merger_ds_down_w: Optional[Tensor] = None
+    vit_merger_ds_down_b: Optional[Tensor] = None
+    # Gemma 3n's MobileNetV5
+    mobilenet_stem_conv_w: Optional[Tensor] = None
+    mobilenet_stem_conv_b: Optional[Tensor] = None
+    mobilenet_stem_norm_w: Optional[Tensor] = None
+    msfa_ffn_expand_w: Optional[Tensor] = None
+    msfa_ffn_expand_bn: Optional[Tensor] = None
+    msfa_ffn_project_w: Optional[Tensor] = None
+    msfa_ffn_project_bn: Optional[Tensor] = None
+    msfa_concat_norm_w: Optional[Tensor] = None
+    mobilenet_blocks: list[MobilenetV5Block] = field(default_factory=list)
+    mobilenet_stage_ends: list[int] = field(default_factory=list)
+    # CogVLM's projector
+    mm_post_fc_norm_w: Optional[Tensor] = None
+    mm_post_fc_norm_b: Optional[Tensor] = None
+    mm_h_to_4h_w: Optional[Tensor] = None
+    mm_gate_w: Optional[Tensor] = None
+    mm_4h_to_h_w: Optional[Tensor] = None
+    mm_boi: Optional[Tensor] = None
+    mm_eoi: Optional[Tensor] = None
     # Gemma 4 audio's subsampling convs, their norms and projections
     sscp_conv_w: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
     sscp_conv_b: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
@@ -863,6 +1064,8 @@ class ClipModelLoader:
             hp.patch_size = self.get_u32(KEY_PATCH_SIZE)
             hp.minicpmv_version = self.get_i32(KEY_MINICPMV_VERSION, 0)
             hp.minicpmv_query_num = self.get_u32(KEY_MINICPMV_QUERY_NUM, 0)
+            if hp.minicpmv_query_num == 0:    # legacy files: by version
+                hp.minicpmv_query_num = 64 if hp.minicpmv_version in (3, 4, 5, 6, 100045) else 96
         elif modality == MODALITY_AUDIO:
             hp.n_mel_bins = self.get_u32(KEY_A_NUM_MEL_BINS)
             hp.image_size, hp.patch_size = 0, 1
@@ -892,7 +1095,40 @@ class ClipModelLoader:
         # model-specific params
         if proj_type in NO_HPARAMS_TYPES:
             self.fail(f"load_hparams: unknown vision projector type {proj_type}")
-        if proj_type == "gemma3":
+        if proj_type in ("mlp", "mlp_norm", "ldp", "ldpv2"):
+            hp.has_llava_projector = True
+        elif proj_type == "resampler":
+            if hp.minicpmv_version == 0:
+                hp.minicpmv_version = 2
+        elif proj_type == "minicpmv4_6":
+            # the ViT merger's 2x2 and the final merger's 2x2: 4x per side
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, 4)
+            if hp.n_merge not in (2, 4):
+                raise GGMLAbort(f"{self.path}: llama.cpp would abort loading the multimodal projector (clip.cpp "
+                                f"GGML_ASSERT(hparams.n_merge == 2 || hparams.n_merge == 4)): n_merge {hp.n_merge}")
+            wa_layer_indexes = self.get_arr(KEY_WIN_ATTN_LAYER_INDEXES, INT32, False) or []   # borrowed: the insertion point
+            if wa_layer_indexes:
+                if not 0 <= wa_layer_indexes[0] < hp.n_layer:
+                    self.fail(f"load_hparams: layer index {wa_layer_indexes[0]} is out of range (n_layer: {hp.n_layer})")
+                hp.insert_layer_id = wa_layer_indexes[0]
+        elif proj_type == "muse-glimmer":
+            hp.n_merge = 2            # the pixel-shuffle downsample after the ViT
+            hp.rope_theta = 10000.0
+            hp.muse_glimmer_sparse_factor = 4     # 3 sparse layers and 1 global, repeating
+            hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
+            hp.set_limit_image_tokens(1, 4096)
+            hp.set_warmup_n_tokens(32 * 32)
+        elif proj_type == "gemma3nv":
+            hp.n_merge = 1            # MobileNetV5 handles resizing internally
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
+        elif proj_type == "nemotron_v2_vl":
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
+        elif proj_type == "phi4":
+            hp.n_merge = 1
+            hp.image_min_pixels = self.get_u32(KEY_IMAGE_MIN_PIXELS)
+            hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
+            hp.set_warmup_n_tokens(16 * 16)
+        elif proj_type == "gemma3":
             hp.n_merge = 4            # every Gemma 3 size: 4x fewer patches per side
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
         elif proj_type == "internvl":
@@ -1070,10 +1306,13 @@ class ClipModelLoader:
             hp.image_max_pixels = self.get_u32(KEY_IMAGE_MAX_PIXELS)
             hp.set_limit_image_tokens_custom()
             hp.set_warmup_n_tokens(46 * 46)
-        elif proj_type == "gemma4v":
+        elif proj_type in ("gemma4v", "gemma4uv"):
             hp.rope_theta = 100.0
             hp.n_merge = 3            # pooling_kernel_size
             hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
+            if proj_type == "gemma4uv":   # the unified variant merges tokens in its patch embedding
+                hp.patch_size = _i32(hp.patch_size * hp.n_merge)
+                hp.n_merge = 1
             hp.set_limit_image_tokens(70, 1120)
             hp.set_warmup_n_tokens(256)
         elif proj_type == "dots3note_a":
@@ -1132,7 +1371,13 @@ class ClipModelLoader:
             require_stack = proj_type in ("ultravox", "voxtral", "meralion", "glma")
             hp.proj_stack_factor = self.get_u32(KEY_A_PROJ_STACK_FACTOR, None if require_stack else 0)
             hp.ffn_op = FFN_GELU_ERF
-        elif proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
+        elif proj_type == "step3vl":
+            hp.n_merge = 4            # two stride-2 downsamplers after patching
+            hp.n_merge = self.get_u32(KEY_PROJ_SCALE_FACTOR, hp.n_merge)
+            hp.rope_theta = 10000.0
+            hp.image_longest_edge = self.get_u32(KEY_PREPROC_IMAGE_SIZE, hp.image_longest_edge) or 3024
+            hp.warmup_image_size = hp.image_size
+        elif proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "ling3vl"):
             hp.n_merge = 2
             hp.n_merge = self.get_u32(KEY_SPATIAL_MERGE_SIZE, hp.n_merge)
             # only Qwen2.5-VL requires the window-attention pattern
@@ -1260,7 +1505,193 @@ class ClipModelLoader:
                 layer.ff_up_w, layer.ff_down_w = layer.ff_down_w, layer.ff_up_w
                 layer.ff_up_b, layer.ff_down_b = layer.ff_down_b, layer.ff_up_b
 
-        if model.proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
+        if model.proj_type in ("mlp", "mlp_norm"):
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"), False)
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"), False)    # Yi-type LLaVA
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"), False)
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"), False)    # missing in Yi-type LLaVA
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"), False)
+            model.mm_3_w = get_tensor(TN_LLAVA_PROJ % (3, "weight"), False)
+            model.mm_3_b = get_tensor(TN_LLAVA_PROJ % (3, "bias"), False)
+            model.mm_4_w = get_tensor(TN_LLAVA_PROJ % (4, "weight"), False)
+            model.mm_4_b = get_tensor(TN_LLAVA_PROJ % (4, "bias"), False)
+            if model.mm_3_w is not None:     # clip.cpp's Yi-type LLaVA hack: the type becomes mlp_norm
+                model.proj_type = "mlp_norm"
+            model.image_newline = get_tensor(TN_IMAGE_NEWLINE, False)
+        elif model.proj_type == "ldp":
+            model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
+            model.mm_model_mlp_1_b = get_tensor(TN_MVLM_PROJ_MLP % (1, "bias"))
+            model.mm_model_mlp_3_w = get_tensor(TN_MVLM_PROJ_MLP % (3, "weight"))
+            model.mm_model_mlp_3_b = get_tensor(TN_MVLM_PROJ_MLP % (3, "bias"))
+            for blk in (1, 2):
+                for field_, (i, suffix) in (("block_0_0_w", (0, "0.weight")), ("block_0_1_w", (0, "1.weight")),
+                                            ("block_0_1_b", (0, "1.bias")), ("block_1_fc1_w", (1, "fc1.weight")),
+                                            ("block_1_fc1_b", (1, "fc1.bias")), ("block_1_fc2_w", (1, "fc2.weight")),
+                                            ("block_1_fc2_b", (1, "fc2.bias")), ("block_2_0_w", (2, "0.weight")),
+                                            ("block_2_1_w", (2, "1.weight")), ("block_2_1_b", (2, "1.bias"))):
+                    setattr(model, f"mm_model_block_{blk}_{field_}", get_tensor(TN_MVLM_PROJ_BLOCK % (blk, i, suffix)))
+        elif model.proj_type == "ldpv2":
+            model.mm_model_mlp_0_w = get_tensor(TN_MVLM_PROJ_MLP % (0, "weight"))
+            model.mm_model_mlp_0_b = get_tensor(TN_MVLM_PROJ_MLP % (0, "bias"))
+            model.mm_model_mlp_2_w = get_tensor(TN_MVLM_PROJ_MLP % (2, "weight"))
+            model.mm_model_mlp_2_b = get_tensor(TN_MVLM_PROJ_MLP % (2, "bias"))
+            model.mm_model_peg_0_w = get_tensor(TN_MVLM_PROJ_PEG % (0, "weight"))
+            model.mm_model_peg_0_b = get_tensor(TN_MVLM_PROJ_PEG % (0, "bias"))
+        elif model.proj_type == "minicpmv4_6":
+            merger_required = hp.n_merge == 4
+
+            def get_merger_tensor(name: str, required: bool = True) -> Optional[Tensor]:
+                return get_tensor(name, merger_required and required)
+            model.vit_merger_ln1_w = get_merger_tensor(TN_VIT_MERGER_LN1 % "weight")
+            model.vit_merger_ln1_b = get_merger_tensor(TN_VIT_MERGER_LN1 % "bias")
+            for x, fmt in (("q", TN_VIT_MERGER_ATTN_Q), ("k", TN_VIT_MERGER_ATTN_K), ("v", TN_VIT_MERGER_ATTN_V),
+                           ("o", TN_VIT_MERGER_ATTN_O)):
+                setattr(model, f"vit_merger_attn_{x}_w", get_merger_tensor(fmt % "weight"))
+                setattr(model, f"vit_merger_attn_{x}_b", get_merger_tensor(fmt % "bias", False))
+            model.vit_merger_ds_ln_w = get_merger_tensor(TN_VIT_MERGER_DS_LN % "weight")
+            model.vit_merger_ds_ln_b = get_merger_tensor(TN_VIT_MERGER_DS_LN % "bias")
+            model.vit_merger_ds_up_w = get_merger_tensor(TN_VIT_MERGER_DS_UP % "weight")
+            model.vit_merger_ds_up_b = get_merger_tensor(TN_VIT_MERGER_DS_UP % "bias", False)
+            model.vit_merger_ds_down_w = get_merger_tensor(TN_VIT_MERGER_DS_DOWN % "weight")
+            model.vit_merger_ds_down_b = get_merger_tensor(TN_VIT_MERGER_DS_DOWN % "bias", False)
+            # the final merger (DownsampleMLP)
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)
+            model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B, False)
+            model.mm_ffn_up_w = get_tensor(TN_MM_UP % "weight")
+            model.mm_ffn_up_b = get_tensor(TN_MM_UP % "bias", False)
+            model.mm_ffn_down_w = get_tensor(TN_MM_DOWN % "weight")
+            model.mm_ffn_down_b = get_tensor(TN_MM_DOWN % "bias", False)
+        elif model.proj_type == "muse-glimmer":
+            # fc -> GELU -> proj -> GELU -> vision_proj, no biases
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+        elif model.proj_type == "gemma3nv":
+            model.mobilenet_stem_conv_w = get_tensor(TN_MNV5_STEM_CONV, False)
+            model.mobilenet_stem_conv_b = get_tensor(TN_MNV5_STEM_BIAS, False)
+            model.mobilenet_stem_norm_w = get_tensor(TN_MNV5_STEM_BN, False)
+            model.msfa_ffn_expand_w = get_tensor(TN_MNV5_MSFA_FFN_EXP_W, False)
+            model.msfa_ffn_expand_bn = get_tensor(TN_MNV5_MSFA_FFN_EXP_BN, False)
+            model.msfa_ffn_project_w = get_tensor(TN_MNV5_MSFA_FFN_PROJ_W, False)
+            model.msfa_ffn_project_bn = get_tensor(TN_MNV5_MSFA_FFN_PROJ_BN, False)
+            model.msfa_concat_norm_w = get_tensor(TN_MNV5_MSFA_NORM, False)
+            # the blocks, stage by stage, as long as a block's first tensor is there
+            for stage in range(4):
+                blocks_found_in_stage = 0
+                blk_idx = 0
+                while True:
+                    def t(fmt: str) -> Optional[Tensor]:
+                        return get_tensor(fmt % (stage, blk_idx), False)
+                    block = MobilenetV5Block()
+                    found_block = False
+                    block.s0_conv_exp_w = t(TN_MNV5_BLK_S0_EXP_W)
+                    if block.s0_conv_exp_w is not None:       # an edge residual
+                        found_block = True
+                        block.s0_bn1_w = t(TN_MNV5_BLK_S0_BN1_W)
+                        block.s0_conv_pwl_w = t(TN_MNV5_BLK_S0_PWL_W)
+                        block.s0_bn2_w = t(TN_MNV5_BLK_S0_BN2_W)
+                    else:                                      # a universal inverted residual
+                        block.dw_start_w = t(TN_MNV5_BLK_DW_START_W)
+                        block.pw_exp_w = t(TN_MNV5_BLK_PW_EXP_W)
+                        if block.dw_start_w is not None or block.pw_exp_w is not None:
+                            found_block = True
+                            if block.dw_start_w is not None:
+                                block.dw_start_bn_w = t(TN_MNV5_BLK_DW_START_BN)
+                            if block.pw_exp_w is not None:
+                                block.pw_exp_bn_w = t(TN_MNV5_BLK_PW_EXP_BN)
+                            block.dw_mid_w = t(TN_MNV5_BLK_DW_MID_W)
+                            if block.dw_mid_w is not None:
+                                block.dw_mid_bn_w = t(TN_MNV5_BLK_DW_MID_BN)
+                            block.pw_proj_w = t(TN_MNV5_BLK_PW_PROJ_W)
+                            if block.pw_proj_w is not None:
+                                block.pw_proj_bn_w = t(TN_MNV5_BLK_PW_PROJ_BN)
+                            block.layer_scale_w = t(TN_MNV5_BLK_LAYER_SCALE)
+                    attn_q_check = t(TN_MNV5_ATTN_Q_W)         # an attention (MQA) block
+                    if attn_q_check is not None:
+                        found_block = True
+                        block.attn_q_w = attn_q_check
+                        block.attn_k_w = t(TN_MNV5_ATTN_K_W)
+                        block.attn_v_w = t(TN_MNV5_ATTN_V_W)
+                        block.attn_o_w = t(TN_MNV5_ATTN_O_W)
+                        block.attn_k_dw_w = t(TN_MNV5_ATTN_K_DW)
+                        block.attn_k_norm_w = t(TN_MNV5_ATTN_K_NORM)
+                        block.attn_v_dw_w = t(TN_MNV5_ATTN_V_DW)
+                        block.attn_v_norm_w = t(TN_MNV5_ATTN_V_NORM)
+                        block.attn_norm_w = t(TN_MNV5_ATTN_NORM)
+                        if block.layer_scale_w is None:
+                            block.layer_scale_w = t(TN_MNV5_BLK_LAYER_SCALE)
+                    if not found_block:
+                        break
+                    model.mobilenet_blocks.append(block)
+                    blocks_found_in_stage += 1
+                    blk_idx += 1
+                if blocks_found_in_stage > 0:
+                    model.mobilenet_stage_ends.append(len(model.mobilenet_blocks) - 1)
+            model.mm_input_proj_w = get_tensor(TN_MM_INP_PROJ)
+            model.mm_soft_emb_norm_w = get_tensor(TN_MM_SOFT_EMB_N)
+        elif model.proj_type == "adapter":
+            model.mm_model_adapter_conv_w = get_tensor(TN_GLM_ADAPER_CONV % "weight")
+            model.mm_model_adapter_conv_b = get_tensor(TN_GLM_ADAPER_CONV % "bias")
+            model.mm_model_mlp_0_w = get_tensor(TN_GLM_ADAPTER_LINEAR % "weight")
+            model.mm_model_ln_q_w = get_tensor(TN_GLM_ADAPTER_NORM_1 % "weight")
+            model.mm_model_ln_q_b = get_tensor(TN_GLM_ADAPTER_NORM_1 % "bias")
+            model.mm_model_mlp_1_w = get_tensor(TN_GLM_ADAPTER_D_H_2_4H % "weight")
+            model.mm_model_mlp_2_w = get_tensor(TN_GLM_ADAPTER_GATE % "weight")
+            model.mm_model_mlp_3_w = get_tensor(TN_GLM_ADAPTER_D_4H_2_H % "weight")
+            model.mm_boi = get_tensor(TN_TOK_GLM_BOI)
+            model.mm_eoi = get_tensor(TN_TOK_GLM_EOI)
+        elif model.proj_type == "resampler":
+            model.mm_model_pos_embed_k = get_tensor(TN_MINICPMV_POS_EMBD_K)
+            model.mm_model_query = get_tensor(TN_MINICPMV_QUERY)
+            model.mm_model_proj = get_tensor(TN_MINICPMV_PROJ)
+            model.mm_model_kv_proj = get_tensor(TN_MINICPMV_KV_PROJ)
+            for x in ("q", "k", "v"):
+                setattr(model, f"mm_model_attn_{x}_w", get_tensor(TN_MINICPMV_ATTN % (x, "weight")))
+            for x in ("q", "k", "v"):
+                setattr(model, f"mm_model_attn_{x}_b", get_tensor(TN_MINICPMV_ATTN % (x, "bias")))
+            model.mm_model_attn_o_w = get_tensor(TN_MINICPMV_ATTN % ("out", "weight"))
+            model.mm_model_attn_o_b = get_tensor(TN_MINICPMV_ATTN % ("out", "bias"))
+            for x in ("q", "kv", "post"):
+                setattr(model, f"mm_model_ln_{x}_w", get_tensor(TN_MINICPMV_LN % (x, "weight")))
+                setattr(model, f"mm_model_ln_{x}_b", get_tensor(TN_MINICPMV_LN % (x, "bias")))
+        elif model.proj_type == "nemotron_v2_vl":
+            model.mm_0_w = get_tensor(TN_MVLM_PROJ_MLP % (0, "weight"))
+            model.mm_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
+            model.mm_3_w = get_tensor(TN_MVLM_PROJ_MLP % (3, "weight"))
+        elif model.proj_type == "cogvlm":
+            model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
+            model.mm_post_fc_norm_w = get_tensor(TN_MM_POST_FC_NORM % "weight")
+            model.mm_post_fc_norm_b = get_tensor(TN_MM_POST_FC_NORM % "bias")
+            model.mm_h_to_4h_w = get_tensor(TN_MM_H_TO_4H % "weight")
+            model.mm_gate_w = get_tensor(TN_MM_GATE % "weight")
+            model.mm_4h_to_h_w = get_tensor(TN_MM_4H_TO_H % "weight")
+            model.mm_boi = get_tensor(TN_TOK_BOI)
+            model.mm_eoi = get_tensor(TN_TOK_EOI)
+        elif model.proj_type == "janus_pro":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"))
+        elif model.proj_type == "phi4":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "ling3vl":
+            model.mm_input_norm_w = get_tensor(TN_MM_INP_NORM)       # merger.norm
+            model.mm_input_norm_b = get_tensor(TN_MM_INP_NORM_B)
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"))
+        elif model.proj_type == "step3vl":
+            model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
+            model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"), False)
+            model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (1, "weight"))
+            model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"), False)
+            model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
+        elif model.proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
             model.mm_0_w = get_tensor(TN_LLAVA_PROJ % (0, "weight"))
             model.mm_0_b = get_tensor(TN_LLAVA_PROJ % (0, "bias"))
             model.mm_1_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
@@ -1362,6 +1793,11 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MVLM_PROJ_MLP % (1, "bias"))
             model.mm_3_w = get_tensor(TN_MVLM_PROJ_MLP % (3, "weight"))
             model.mm_3_b = get_tensor(TN_MVLM_PROJ_MLP % (3, "bias"))
+        elif model.proj_type == "gemma4uv":
+            model.mm_input_proj_w = get_tensor(TN_MM_INP_PROJ)
+            for i in (1, 2, 3):       # 3: pos_norm
+                setattr(model, f"patch_norm_{i}_w", get_tensor(TN_PATCH_NORM % (i, "weight")))
+                setattr(model, f"patch_norm_{i}_b", get_tensor(TN_PATCH_NORM % (i, "bias")))
         elif model.proj_type == "gemma4v":
             model.mm_input_proj_w = get_tensor(TN_MM_INP_PROJ)
             model.std_bias = get_tensor(TN_STD_BIAS, False)
@@ -1781,13 +2217,33 @@ SWAPPED_FFN_TYPES = frozenset({"mlp", "mlp_norm", "ldp", "ldpv2", "qwen2vl_merge
 def clip_n_mmproj_embd(model: ClipModel) -> int:
     """clip_n_mmproj_embd: the text model's embedding size the projector's output must match."""
     p = model.proj_type
+    if p == "ldp":
+        return model.mm_model_block_1_block_2_1_b.ne[0]
+    if p == "ldpv2":
+        return model.mm_model_peg_0_b.ne[0]
+    if p == "muse-glimmer":
+        return model.mm_2_w.ne[1]
+    if p in ("mlp", "phi4"):
+        return _read(model.mm_2_w, "mm.2.weight").ne[1]
+    if p == "mlp_norm":
+        return _read(model.mm_3_b, "mm.3.bias").ne[0]
+    if p == "resampler":
+        return model.mm_model_proj.ne[0]
+    if p == "adapter":
+        return model.mm_model_mlp_3_w.ne[1]
+    if p == "minicpmv4_6":
+        return model.mm_ffn_down_w.ne[1]
+    if p in ("janus_pro", "ling3vl"):
+        return model.mm_1_b.ne[0]
+    if p == "step3vl":
+        return model.mm_model_proj.ne[1]
     if p in ("qwen2vl_merger", "qwen2.5vl_merger", "youtuvl", "exaone4_5"):
         return model.mm_1_b.ne[0]
     if p == "qwen3vl_merger":
         return model.mm_1_b.ne[0] * (1 + model.n_deepstack_layers)   # main path + deepstack paths
-    if p == "gemma3":
+    if p in ("gemma3", "gemma3nv"):
         return model.mm_input_proj_w.ne[0]
-    if p in ("gemma4v", "gemma4a", "gemma4ua"):
+    if p in ("gemma4v", "gemma4uv", "gemma4a", "gemma4ua"):
         if model.mm_input_proj_w is None:     # gemma4a loads it as optional, this reads it regardless
             raise GGMLAbort("llama.cpp would crash sizing the projector's output (clip_n_mmproj_embd): it has no "
                             "mm.a.input_projection.weight (a null tensor is read)")
@@ -1815,8 +2271,10 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_2_w.ne[1]
     if p in ("idefics3", "deepseekocr", "deepseekocr2"):
         return model.mm_fc_w.ne[1]
-    if p == "internvl":
+    if p in ("internvl", "nemotron_v2_vl"):
         return model.mm_3_w.ne[1]
+    if p == "cogvlm":
+        return model.mm_4h_to_h_w.ne[1]
     if p == "minimax_m3":
         return model.mm_merger_fc2_b.ne[0]
     if p == "mimovl":
@@ -1828,6 +2286,14 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
     if p in ("glm4v", "glm5v"):
         return model.mm_ffn_down_w.ne[1]
     raise AssertionError(f"clip_n_mmproj_embd: {p} is in GRAPH_BUILDERS but not here")
+
+
+def _read(t: Optional[Tensor], name: str) -> Tensor:
+    """A tensor clip.cpp reads without checking (LLaVA's optional mm.N): a file without it crashes llama.cpp."""
+    if t is None:
+        raise GGMLAbort(f"llama.cpp would crash loading the multimodal projector: it has no {name} (a null tensor "
+                        f"is read)")
+    return t
 
 
 @dataclass

@@ -78,9 +78,20 @@ def mtmd_get_memory_usage(params: Params, mmproj: MmprojParams) -> MmprojPlan:
         if n_embd_v != n_embd_a:
             raise UnsupportedModel(f"{mmproj.path}: llama.cpp would fail to load the multimodal projector: mismatch "
                                    f"between vision and audio mmproj (n_embd_v = {n_embd_v}, n_embd_a = {n_embd_a})")
+    if res.ctx_v is not None:
+        init_vision(mmproj.path, res.ctx_v)
     if res.ctx_a is not None:
         init_audio(res.ctx_a)
     return MmprojPlan(mmproj.path, devices, contexts)
+
+
+def init_vision(path: str, ctx_v: ClipCtx) -> None:
+    """mtmd_context::init_vision's checks (its image preprocessor and slice template per type): a
+    MiniCPM-V resampler of a version it has no template for is refused."""
+    version = ctx_v.model.hparams.minicpmv_version
+    if ctx_v.model.proj_type == "resampler" and version not in (0, 2, 3, 4, 5, 6, 100045):
+        raise UnsupportedModel(f"{path}: llama.cpp would fail to load the multimodal projector: unsupported "
+                               f"minicpmv version: {version}")
 
 
 def init_audio(ctx: ClipCtx) -> None:

@@ -1,7 +1,7 @@
 """tools/mtmd/models/siglip.cpp: clip_graph_siglip, a SigLIP ViT and the projectors of Gemma 3
 (average-pooled patches, RMS norm, input projection), Idefics3 / SmolVLM (pixel shuffle, one
-matrix) and LFM2-VL (SigLIP2 NaFlex positions interpolated to the image, pixel shuffle, optional
-LayerNorm, a GELU MLP)."""
+matrix), LFM2-VL (SigLIP2 NaFlex positions interpolated to the image, pixel shuffle, optional
+LayerNorm, a GELU MLP), Janus-Pro (an MLP) and Phi-4 vision (interpolated positions, a GELU MLP)."""
 from __future__ import annotations
 
 from ... import ggml
@@ -13,7 +13,7 @@ class ClipGraphSiglip(ClipGraph):
         model, hp = self.model, self.hparams
         inp = self.build_inp()
         learned_pos_embd = model.position_embeddings
-        if self.proj_type == "lfm2":
+        if self.proj_type in ("lfm2", "phi4"):
             learned_pos_embd = self.resize_position_embeddings()
         cur = self.build_vit(inp, self.n_patches, NORM_TYPE_NORMAL, hp.ffn_op, learned_pos_embd, None)
         if self.proj_type == "gemma3":
@@ -43,6 +43,10 @@ class ClipGraphSiglip(ClipGraph):
             if model.mm_input_norm_b is not None:
                 cur = ggml.add(cur, model.mm_input_norm_b)
             cur = self.build_ffn(cur, model.mm_1_w, model.mm_1_b, None, None, model.mm_2_w, model.mm_2_b, FFN_GELU, -1)
+        elif self.proj_type == "janus_pro":
+            cur = self.build_ffn(cur, model.mm_0_w, model.mm_0_b, None, None, model.mm_1_w, model.mm_1_b, hp.ffn_op, -1)
+        elif self.proj_type == "phi4":
+            cur = self.build_ffn(cur, model.mm_0_w, model.mm_0_b, None, None, model.mm_2_w, model.mm_2_b, FFN_GELU, -1)
         self.expand(cur)
         return self.gf
 

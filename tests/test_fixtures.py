@@ -11,15 +11,12 @@ import pytest
 from gguf import GGUFValueType
 
 from fixtures import make_gguf as mk
-from fixtures.golden import FA_OFF
+from fixtures.golden import FA_OFF, NEEDS_TARGET
 from schedplan.planner.gguf import LazyArray, read_header
 
 NAMES = mk.config_names()
 REPO = Path(__file__).resolve().parent.parent
 BUNDLED = REPO / "fixtures" / "gguf"
-# draft heads llama.cpp creates a context for only beside their target (ctx_other): it loads them and
-# refuses the context alone
-NEEDS_TARGET = {"tiny-eagle3-shared", "tiny-gemma4-assistant", "tiny-dflash"}
 
 
 def test_the_configs_we_promise_exist():

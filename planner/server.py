@@ -79,7 +79,8 @@ def speculative_params(model_path: str, params: Params, spec: SpecParams) -> tup
     its extra model is an MTP context over the main model's own weights (shares_model), with the
     main context's parameters as they were before fitting. A draft model has its own model
     parameters (common_base_params_to_speculative: -ngld, -otd, -ctkd/-ctvd); both contexts keep
-    one output per slot (n_outputs_max = n_parallel)."""
+    one output per slot (n_outputs_max = n_parallel) and neither computes embeddings
+    (common_base_params_to_speculative: embedding false, pooling unspecified)."""
     unplanned = [t for t in spec.types if t in ("draft-eagle3", "draft-dflash", "draft-dspark")]
     if unplanned:
         raise NotImplementedError(f"speculative decoding with {unplanned[0]} (a drafter sidecar) is not planned yet")
@@ -90,12 +91,13 @@ def speculative_params(model_path: str, params: Params, spec: SpecParams) -> tup
         # need_n_rs_seq: draft-mtp (eagle3, dflash, dspark too) keep draft.n_max rollback snapshots
         params = dataclasses.replace(params, load_mtp=True, n_rs_seq=max(0, spec.n_max))
         mtp = dataclasses.replace(params, type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max,
-                                  ctx_type="mtp", n_rs_seq=0)
+                                  ctx_type="mtp", n_rs_seq=0, embeddings=False, pooling_type="unspecified")
         return params, ExtraModel(model_path, mtp, shares_model=True)
     if spec.draft_path is None:
         return params, None
     dft = dataclasses.replace(params, n_gpu_layers=spec.n_gpu_layers, tensor_overrides=spec.tensor_overrides,
-                              type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max)
+                              type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max,
+                              embeddings=False, pooling_type="unspecified")
     return params, ExtraModel(spec.draft_path, dft, shares_model=False)
 
 
@@ -121,12 +123,16 @@ def server_params(params: Params, n_parallel_given: bool, n_draft: int = 0) -> t
     """The context llama-server fits and creates, where it differs from llama-fit-params': -np
     unset is "auto", 4 slots over a unified KV cache (server.cpp), and a batch's outputs are
     capped at n_parallel * (1 + the most tokens a speculative type drafts) (server_output_limits),
-    not n_batch."""
+    not n_batch; with embeddings, or a pooling other than none, every token of a batch is an
+    output (n_outputs_max = n_batch)."""
     log = []
     if not n_parallel_given:
         params = dataclasses.replace(params, n_seq_max=N_PARALLEL_AUTO, kv_unified=True)
         log.append("llama-server: -np unset (auto): 4 slots, unified KV cache")
-    n_outputs = max(1, min(params.n_batch, params.n_seq_max * (1 + max(0, n_draft))))
+    if params.embeddings or params.pooling_type not in ("unspecified", "none"):
+        n_outputs = params.n_batch
+    else:
+        n_outputs = max(1, min(params.n_batch, params.n_seq_max * (1 + max(0, n_draft))))
     log.append(f"llama-server: at most {n_outputs} outputs per batch (n_outputs_max)")
     return dataclasses.replace(params, n_outputs_max=n_outputs), log
 
@@ -153,7 +159,8 @@ def check_mmproj_for_model(plan: MmprojPlan, model_path: str, header_cache: bool
 
 
 def loaded_with(model_path: str, params: Params) -> dict:
-    """What the model is then loaded with, as llama.cpp logs it: the context size, each layer's
+    """What the model is then loaded with, as llama.cpp logs it: the context size (and its slots,
+    batch sizes and output cap), each layer's
     device (the output layer last), and the weights an -ot pattern matched with the buffer type
     that picked for them (the CPU list's choice, before mmap maps it: CPU, CPU_REPACK, ...)."""
     import re
@@ -177,6 +184,9 @@ def loaded_with(model_path: str, params: Params) -> dict:
         return buft
 
     load_tensors(ml, hp, placed, lazy_read_buft(unmapped), load_mtp=params.load_mtp)
-    return {"n_ctx_loaded": derive_cparams(params, hp).n_ctx,
+    cp = derive_cparams(params, hp)
+    return {"n_ctx_loaded": cp.n_ctx,
+            "context_loaded": {"n_seq_max": cp.n_seq_max, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
+                               "n_outputs_max": cp.n_outputs_max},
             "layer_devices": [b.device_name for b in devices.layer_backend] + [devices.output_backend.device_name],
             "overrides": overrides}

@@ -54,6 +54,13 @@ def check(report: dict, real: dict) -> None:
     assert report["n_ctx_loaded"] == real["n_ctx"]
     assert report["layer_devices"] == real["layer_devices"]
     assert report["overrides"] == real["overrides"]
+    if "context" in real:       # recorded since the embedding cases: the context's sizes and compute buffers
+        assert report["context_loaded"] == real["context"]
+        # llama.cpp logs the buffers over 1 byte by buffer type name: RPC<i> is RPC0[<its endpoint>]
+        buft = {d["name"]: "CPU" if d["name"] == "Host" else f"RPC0[{canonical_endpoint(int(d['name'][3:]))}]"
+                for d in report["devices"]}
+        assert {buft[d["name"]]: f"{d['compute'] / MiB:.2f}" for d in report["devices"] if d["compute"] > 1} == \
+            real["compute_mib"]
 
 
 @pytest.mark.parametrize("golden", GOLDENS, ids=[p.stem for p in GOLDENS])

@@ -162,6 +162,22 @@ def test_embedding_outputs(clean_env):
     assert (draft.params.embeddings, draft.params.pooling_type, draft.params.n_outputs_max) == (False, "unspecified", 4)
 
 
+def test_reserve_plans_an_embedding_command(clean_env):
+    """reserve -- llama-server --rerank: the context schedplan's own flags give (4 slots over a
+    unified cache, -b 4096 down to -ub 1024), with every token of a batch an output."""
+    from dataclasses import replace
+
+    from schedplan.cli.options import parse_params
+    from schedplan.planner.reserve import reserve
+    model = str(header_path("tiny-bert-rerank"))
+    server = run("reserve", "--device", "cuda:64MiB:cc=8.9", "--json", "--", "llama-server", "-m", model, "-fit", "off",
+                 "--rerank", "-b", "4096", "-ub", "1024")
+    assert server.exit_code == 0, server.output
+    params = parse_params(["--device", "cuda:64MiB:cc=8.9", "-np", "4", "-kvu", "--rerank", "-b", "4096", "-ub", "1024"])
+    assert (params.n_batch, params.pooling_type) == (1024, "rank")
+    assert json.loads(server.output) == json.loads(json.dumps(reserve(model, replace(params, n_outputs_max=1024))))
+
+
 def test_fit_with_embeddings_is_llama_servers_fit(clean_env):
     """llama-fit-params takes none of --embedding, --rerank, --pooling (common/arg.cpp gives them to
     llama-server): `fit MODEL --embedding` fits as llama-server, as the command line would."""

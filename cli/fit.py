@@ -61,7 +61,7 @@ class _KeepArgs(click.Command):
 @click.option("--server", "server", is_flag=True,
               help="Fit as llama-server does, whose context differs from llama-fit-params': -np unset is 4 slots "
                    "over a unified KV cache, and a batch keeps at most one output per slot (1 + the drafted tokens "
-                   "with speculative decoding). On with a projector, a draft model or --spec-type, and for "
+                   "with speculative decoding). On with a projector, a draft model, --spec-type, --embedding, --rerank or --pooling, and for "
                    "`-- llama-server ARGS`.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the machine-readable result (schema schedplan.fit/1; for several models a list of them).")
@@ -89,8 +89,9 @@ def fit(models: tuple[str, ...], model_urls: tuple[str, ...], hf_repos: tuple[st
     --spec-type draft-mtp (Qwen3.5) the model's NextN block is loaded and an MTP context over it is
     fitted the same way. A draft head that reads its target's tensors (an EAGLE-3 head without its
     own embedding and head, a Gemma 4 assistant, a DFlash drafter) cannot be measured alone, and is
-    left out as common_fit_params leaves it out. These fit as llama-server fits (--server), and then
-    print llama-server's command line too.
+    left out as common_fit_params leaves it out. These, and --embedding, --rerank and --pooling (which
+    llama-fit-params does not take), fit as llama-server fits (--server), and then print
+    llama-server's command line too.
 
     \b
     A llama-server command line as it is:  schedplan fit -- llama-server -m MODEL -c 32768 ...
@@ -138,7 +139,10 @@ def fit(models: tuple[str, ...], model_urls: tuple[str, ...], hf_repos: tuple[st
             # -c 0 asks for the full training context: fit may not reduce it (common/arg.cpp, --ctx-size)
             n_ctx_min = UINT32_MAX if c_given and params.n_ctx == 0 else fit_ctx & UINT32_MAX
             params, available = machine_params(params, host_total)
-            as_server = server or mmproj is not None or spec.draft_path is not None or spec.types != ("none",)
+            # llama-fit-params takes neither --embedding, --rerank nor --pooling (common/arg.cpp gives them
+            # to LLAMA_EXAMPLE_SERVER, not FIT_PARAMS): a context computing embeddings is llama-server's
+            as_server = server or mmproj is not None or spec.draft_path is not None or spec.types != ("none",) \
+                or params.embeddings or params.pooling_type != "unspecified"
             base = Job("", "", params, params.n_ctx == 0, n_ctx_min, fit_target, host_total, available,
                        mmproj=mmproj, spec=spec, as_server=as_server,
                        n_parallel_given=ctx.get_parameter_source("n_seq_max") == ParameterSource.COMMANDLINE,

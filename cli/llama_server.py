@@ -72,7 +72,7 @@ PLANNED = {"-c", "--kv-unified-per-slot", "-b", "-ub", "--swa-full", "-kvu", "-f
            "--spec-draft-hf", "--spec-draft-ngl", "--spec-draft-type-k", "--spec-draft-type-v",
            "--spec-draft-override-tensor", "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe", "--spec-draft-n-max",
            "--spec-ngram-mod-n-max", "--spec-ngram-simple-size-m", "--spec-ngram-map-k-size-m",
-           "--spec-ngram-map-k4v-size-m", "--spec-default"}
+           "--spec-ngram-map-k4v-size-m", "--spec-default", "--embedding", "--rerank", "--pooling"}
 # the n-gram types' draft lengths (common_speculative_n_max reads them): the option and its bounds
 NGRAM_N_MAX_OPTIONS = {"--spec-ngram-mod-n-max": ("ngram-mod", 0, "ngram n-max"),
                        "--spec-ngram-simple-size-m": ("ngram-simple", 1, "ngram size M"),
@@ -90,8 +90,6 @@ REFUSED = {
     "--control-vector": "loads control vectors, which schedplan does not plan yet",
     "--control-vector-scaled": "loads control vectors, which schedplan does not plan yet",
     "--control-vector-layer-range": "applies control vectors, which schedplan does not plan yet",
-    "--embedding": "computes embeddings, which schedplan does not plan yet",
-    "--rerank": "computes rerank scores (embeddings), which schedplan does not plan yet",
     "--spec-draft-device": "places the draft model on devices of its own (-devd), which schedplan does not plan yet",
     "-dr": "loads a model from a Docker registry: give it with -m or -hf",
     "--embd-gemma-default": "sets a model and its flags in its handler: give them instead",
@@ -380,6 +378,8 @@ class ServerParams:
     draft_overrides: list[tuple[str, str]] = field(default_factory=list)
     draft_n_max: int = 3
     spec_types: list[str] = field(default_factory=lambda: ["none"])
+    embedding: bool = False               # --embedding, --rerank
+    pooling_type: str = "unspecified"     # --pooling, --rerank (rank)
     ngram_n_max: dict[str, int] = field(default_factory=dict)   # the n-gram lengths the command set
     given: set[str] = field(default_factory=set)     # the planned options set by any source
 
@@ -565,6 +565,14 @@ def apply(p: ServerParams, e: Event) -> None:
         if not low <= n <= 1024:
             raise ServerArgsError(f"{src} {v}: {what} must be between {low} and 1024 inclusive")
         p.ngram_n_max[spec_type] = n
+    elif key == "--embedding":
+        p.embedding = True
+    elif key == "--rerank":
+        p.embedding, p.pooling_type = True, "rank"
+    elif key == "--pooling":
+        if v not in ("none", "mean", "cls", "last", "rank"):
+            raise ServerArgsError(f"{src} {v!r}: invalid value (none, mean, cls, last or rank)")
+        p.pooling_type = v
     elif key == "--spec-default":
         # ngram-mod with its n_max 64 (and an n_min and n_match that decide no memory)
         p.spec_types.append("ngram-mod")
@@ -610,11 +618,16 @@ def parse(argv: list[str], environ: Optional[dict[str, str]] = None) -> ServerCo
 
 
 def server_defaults(p: ServerParams) -> None:
-    """tools/server/server.cpp before loading the model: --kv-unified-per-slot N without -c sizes
-    the context to -np * N, -np unset counting as the 4 slots its "auto" becomes (that default
-    itself, with its unified KV cache, is planner/server.py server_params')."""
+    """tools/server/server.cpp before loading the model: with embeddings n_batch becomes n_ubatch
+    where larger ("embeddings require all tokens to be processed in a single ubatch"; not in router
+    mode, whose children each do it); --kv-unified-per-slot N without -c sizes the context to
+    -np * N, -np unset counting as the 4 slots its "auto" becomes (that default itself, with its
+    unified KV cache, is planner/server.py server_params')."""
     from ..planner.server import N_PARALLEL_AUTO
 
+    is_router = not (p.model or p.model_url or p.hf_repo)
+    if p.embedding and p.n_batch > p.n_ubatch and not is_router:
+        p.n_batch = p.n_ubatch
     if p.kv_unified_per_slot > 0 and p.n_ctx == 0 and p.fit_min_ctx != UINT32_MAX:
         p.n_ctx = (p.n_parallel if p.n_parallel > 0 else N_PARALLEL_AUTO) * p.kv_unified_per_slot
         p.n_ctx_set = True
@@ -649,7 +662,7 @@ def to_params(p: ServerParams, devices: tuple[str, ...]) -> Params:
                   tensor_split=p.tensor_split, offload_kqv=not p.no_kv_offload, op_offload=not p.no_op_offload,
                   no_host=p.no_host, use_extra_bufts=not p.no_extra_bufts,
                   tensor_overrides=tuple(p.tensor_overrides), rpc=tuple(p.rpc), devices=devices,
-                  use_mmap=p.use_mmap)
+                  use_mmap=p.use_mmap, embeddings=p.embedding, pooling_type=p.pooling_type)
 
 
 def fitted_command(command: list[str], fitted: str, given: frozenset) -> list[str]:

@@ -54,7 +54,7 @@ class Job:
 class FittedJob:
     result: "FitResult"
     mmproj: Optional["MmprojPlan"]        # the projector as planned for the fit's targets
-    loaded: Optional[dict]                # with a projector or an extra model: what llama.cpp then loads
+    loaded: Optional[dict]                # fitted as llama-server: what llama.cpp then loads
 
 
 def prepare(job: Job) -> tuple[Params, Optional["ExtraModel"], list[str]]:
@@ -91,7 +91,7 @@ def fit_job(job: Job) -> FittedJob:
                         host_total=job.host_total, extra=extra)
     result.log[:0] = log
     loaded = None
-    if mmproj_plan is not None or extra is not None:
+    if job.as_server:
         from ..planner.server import loaded_with
         loaded = loaded_with(job.model, result.params)
     return FittedJob(result, mmproj_plan, loaded)

@@ -84,7 +84,9 @@ def speculative_params(model_path: str, params: Params, spec: SpecParams) -> tup
     common_fit_params measures it (a head that needs its target's token_embd or output fails there
     and is left out).
     MTP drafting from a draft model (-md, a Gemma 4 assistant) measures an MTP context of the draft
-    alone; an assistant, which reads its target's embedding and cache, fails there and is left out."""
+    alone; an assistant, which reads its target's embedding and cache, fails there and is left out.
+    Neither draft nor MTP context computes embeddings (common_base_params_to_speculative: embedding
+    false, pooling unspecified)."""
     # need_n_rs_seq: draft-mtp, draft-eagle3, draft-dflash and draft-dspark keep draft.n_max rollback snapshots
     if any(t in spec.types for t in ("draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")):
         params = dataclasses.replace(params, n_rs_seq=max(0, spec.n_max))
@@ -93,14 +95,15 @@ def speculative_params(model_path: str, params: Params, spec: SpecParams) -> tup
         params = dataclasses.replace(params, load_mtp=True)
     if mtp and spec.draft_path is None:
         ctx = dataclasses.replace(params, type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max,
-                                  ctx_type="mtp", n_rs_seq=0)
+                                  ctx_type="mtp", n_rs_seq=0,
+                                  embeddings=False, pooling_type="unspecified")
         return params, ExtraModel(model_path, ctx, shares_model=True)
     if spec.draft_path is None:
         return params, None
     # a draft model with draft-mtp (a Gemma 4 assistant): an MTP context over the draft's own weights
     dft = dataclasses.replace(params, n_gpu_layers=spec.n_gpu_layers, tensor_overrides=spec.tensor_overrides,
                               type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max, n_rs_seq=0,
-                              ctx_type="mtp" if mtp else params.ctx_type)
+                              ctx_type="mtp" if mtp else params.ctx_type, embeddings=False, pooling_type="unspecified")
     return params, ExtraModel(spec.draft_path, dft, shares_model=False)
 
 
@@ -126,12 +129,16 @@ def server_params(params: Params, n_parallel_given: bool, n_draft: int = 0) -> t
     """The context llama-server fits and creates, where it differs from llama-fit-params': -np
     unset is "auto", 4 slots over a unified KV cache (server.cpp), and a batch's outputs are
     capped at n_parallel * (1 + the most tokens a speculative type drafts) (server_output_limits),
-    not n_batch."""
+    not n_batch; with embeddings, or a pooling other than none, every token of a batch is an
+    output (n_outputs_max = n_batch)."""
     log = []
     if not n_parallel_given:
         params = dataclasses.replace(params, n_seq_max=N_PARALLEL_AUTO, kv_unified=True)
         log.append("llama-server: -np unset (auto): 4 slots, unified KV cache")
-    n_outputs = max(1, min(params.n_batch, params.n_seq_max * (1 + max(0, n_draft))))
+    if params.embeddings or params.pooling_type not in ("unspecified", "none"):
+        n_outputs = params.n_batch
+    else:
+        n_outputs = max(1, min(params.n_batch, params.n_seq_max * (1 + max(0, n_draft))))
     log.append(f"llama-server: at most {n_outputs} outputs per batch (n_outputs_max)")
     return dataclasses.replace(params, n_outputs_max=n_outputs), log
 
@@ -158,7 +165,8 @@ def check_mmproj_for_model(plan: MmprojPlan, model_path: str, header_cache: bool
 
 
 def loaded_with(model_path: str, params: Params) -> dict:
-    """What the model is then loaded with, as llama.cpp logs it: the context size, each layer's
+    """What the model is then loaded with, as llama.cpp logs it: the context size (and its slots,
+    batch sizes and output cap), each layer's
     device (the output layer last), and the weights an -ot pattern matched with the buffer type
     that picked for them (the CPU list's choice, before mmap maps it: CPU, CPU_REPACK, ...)."""
     import re
@@ -182,6 +190,9 @@ def loaded_with(model_path: str, params: Params) -> dict:
         return buft
 
     load_tensors(ml, hp, placed, lazy_read_buft(unmapped), load_mtp=params.load_mtp)
-    return {"n_ctx_loaded": derive_cparams(params, hp).n_ctx,
+    cp = derive_cparams(params, hp)
+    return {"n_ctx_loaded": cp.n_ctx,
+            "context_loaded": {"n_seq_max": cp.n_seq_max, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
+                               "n_outputs_max": cp.n_outputs_max},
             "layer_devices": [b.device_name for b in devices.layer_backend] + [devices.output_backend.device_name],
             "overrides": overrides}

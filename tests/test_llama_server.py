@@ -116,6 +116,81 @@ def test_environment_variables():
         parsed(environ={"LLAMA_ARG_PORT": "http"})     # an ignored option's int value is still read
 
 
+def test_embedding_flags(clean_env):
+    """--embedding/--embeddings, --rerank/--reranking (embeddings pooled by rank) and --pooling, from
+    the command line in order (a later flag's handler overrides) or from LLAMA_ARG_EMBEDDINGS,
+    LLAMA_ARG_RERANKING (void options: a truthy value runs the handler) and LLAMA_ARG_POOLING; then
+    server.cpp's "setting n_batch = n_ubatch" where embeddings make n_batch the larger."""
+    def emb(*argv: str, environ: dict | None = None) -> tuple[bool, str, int, int]:
+        p = parsed("-m", "m", *argv, environ=environ)
+        return p.embedding, p.pooling_type, p.n_batch, p.n_ubatch
+
+    assert emb() == (False, "unspecified", 2048, 512)
+    assert emb("--embedding") == emb("--embeddings") == (True, "unspecified", 512, 512)
+    assert emb("--rerank") == emb("--reranking") == (True, "rank", 512, 512)
+    assert emb("--rerank", "--pooling", "mean") == (True, "mean", 512, 512)
+    assert emb("--pooling", "mean", "--rerank") == (True, "rank", 512, 512)
+    assert emb("--pooling", "last") == (False, "last", 2048, 512)
+    assert emb("--embedding", "-b", "4096", "-ub", "1024") == (True, "unspecified", 1024, 1024)
+    assert emb("--embedding", "-b", "256") == (True, "unspecified", 256, 512)
+    assert emb(environ={"LLAMA_ARG_EMBEDDINGS": "1", "LLAMA_ARG_POOLING": "cls"}) == (True, "cls", 512, 512)
+    assert emb(environ={"LLAMA_ARG_RERANKING": "true"}) == (True, "rank", 512, 512)
+    assert emb(environ={"LLAMA_ARG_RERANKING": "0"}) == (False, "unspecified", 2048, 512)
+    # router mode (no model) leaves the batch to each child (server.cpp: not is_router_server)
+    assert ls.parse(["--embedding", "-b", "4096"], {}).params.n_batch == 4096
+
+
+def test_embedding_outputs(clean_env):
+    """server_output_limits: with embeddings, or a pooling other than none, every token of a batch
+    is an output (n_outputs_max = n_batch), else one per slot; the context computes embeddings
+    only with --embedding (--rerank); a draft's context never does (common_base_params_to_speculative)."""
+    from schedplan.planner.server import SpecParams, server_params, speculative_params
+
+    def context(*argv: str):
+        p = parsed("-m", "m", *argv)
+        params, _ = server_params(ls.to_params(p, ("none",)), p.n_parallel >= 0)
+        return params.n_outputs_max, params.embeddings, params.pooling_type
+
+    assert context() == (4, False, "unspecified")
+    assert context("--embedding") == (512, True, "unspecified")
+    assert context("--rerank", "-np", "2") == (512, True, "rank")
+    assert context("--pooling", "mean") == (2048, False, "mean")
+    assert context("--pooling", "none") == (4, False, "none")
+    p = parsed("-m", "m", "--embedding", "--pooling", "mean")
+    params, _ = server_params(ls.to_params(p, ("none",)), False)
+    _, draft = speculative_params("m", params, SpecParams(draft_path="d"))
+    assert (draft.params.embeddings, draft.params.pooling_type, draft.params.n_outputs_max) == (False, "unspecified", 4)
+
+
+def test_reserve_plans_an_embedding_command(clean_env):
+    """reserve -- llama-server --rerank: the context schedplan's own flags give (4 slots over a
+    unified cache, -b 4096 down to -ub 1024), with every token of a batch an output."""
+    from dataclasses import replace
+
+    from schedplan.cli.options import parse_params
+    from schedplan.planner.reserve import reserve
+    model = str(header_path("tiny-bert-rerank"))
+    server = run("reserve", "--device", "cuda:64MiB:cc=8.9", "--json", "--", "llama-server", "-m", model, "-fit", "off",
+                 "--rerank", "-b", "4096", "-ub", "1024")
+    assert server.exit_code == 0, server.output
+    params = parse_params(["--device", "cuda:64MiB:cc=8.9", "-np", "4", "-kvu", "--rerank", "-b", "4096", "-ub", "1024"])
+    assert (params.n_batch, params.pooling_type) == (1024, "rank")
+    assert json.loads(server.output) == json.loads(json.dumps(reserve(model, replace(params, n_outputs_max=1024))))
+
+
+def test_fit_with_embeddings_is_llama_servers_fit(clean_env):
+    """llama-fit-params takes none of --embedding, --rerank, --pooling (common/arg.cpp gives them to
+    llama-server): `fit MODEL --embedding` fits as llama-server, as the command line would."""
+    model = str(header_path("tiny-bert"))
+    for flags in (["--embedding"], ["--rerank"], ["--pooling", "mean"]):
+        own = json.loads(run("fit", model, "--device", "cuda:8MiB:cc=8.9", "--json", *flags, "-fitt", "0").output)
+        server = json.loads(run("fit", "--device", "cuda:8MiB:cc=8.9", "--json", "--", "llama-server", "-m", model,
+                                *flags, "-fitt", "0").output)
+        for key in ("status", "args", "devices", "log", "context_loaded"):
+            assert own[key] == server[key], (flags, key)
+        assert own["server_args"].startswith(" ".join(["llama-server", "-m", model, *flags, "-fitt", "0"]))
+
+
 def test_config_files(clean_env):
     """~/.config/llama.cpp/config.ini (XDG_CONFIG_HOME): its keys before any section form [default],
     which applies after [*]; unknown keys are skipped there; env and flags come after."""
@@ -146,7 +221,7 @@ def test_config_files(clean_env):
     (["-m", "m", "-ncmoe", "-1"], "invalid value"),
     (["-m", "m", "-ot", "blk"], "expected <tensor name pattern>=<buffer type>"),
     (["-m", "m", "--lora", "a.gguf"], "LoRA adapters"),
-    (["-m", "m", "--embedding"], "embeddings"),
+    (["-m", "m", "--pooling", "max"], "invalid value"),
     (["-m", "m", "-md", "d.gguf", "-devd", "CUDA0"], "draft model on devices of its own"),
     (["-m", "m", "--spec-type", "ngram-mod,draft-magic"], "unknown speculative type: draft-magic"),
     (["-m", "m", "--spec-draft-n-max", "-1"], "invalid value"),

@@ -41,7 +41,7 @@ def schedplan_fit(case: dict) -> dict:
     return json.loads(res.stdout)
 
 
-def check(report: dict, real: dict) -> None:
+def check(report: dict, real: dict, case: dict) -> None:
     assert report["status"] == real["fit"]
     assert report["message"] == real["failure"]
     added = {m.group(2): m.group(1) for line in report["log"]
@@ -54,12 +54,21 @@ def check(report: dict, real: dict) -> None:
     assert report["n_ctx_loaded"] == real["n_ctx"]
     assert report["layer_devices"] == real["layer_devices"]
     assert report["overrides"] == real["overrides"]
+    if "context" in real:       # recorded since the embedding cases: the context's sizes and compute buffers
+        assert report["context_loaded"] == real["context"]
+    if "compute_mib" in real and not case["projector"] and not case.get("draft"):
+        # the model's context alone (a projector's or draft's compute counts in the report's devices);
+        # llama.cpp logs the buffers over 1 byte by buffer type name: RPC<i> is RPC0[<its endpoint>]
+        buft = {d["name"]: "CPU" if d["name"] == "Host" else f"RPC0[{canonical_endpoint(int(d['name'][3:]))}]"
+                for d in report["devices"]}
+        assert {buft[d["name"]]: f"{d['compute'] / MiB:.2f}" for d in report["devices"] if d["compute"] > 1} == \
+            real["compute_mib"]
 
 
 @pytest.mark.parametrize("golden", GOLDENS, ids=[p.stem for p in GOLDENS])
 def test_server_fit(golden: Path):
     data = json.loads(golden.read_text())
-    check(schedplan_fit(data["case"]), data["result"])
+    check(schedplan_fit(data["case"]), data["result"], data["case"])
 
 
 @pytest.mark.parametrize("golden", GOLDENS, ids=[p.stem for p in GOLDENS])
@@ -78,7 +87,7 @@ def test_server_fit_of_the_llama_server_command(golden: Path):
         argv += ["-md", str(model_path(case["draft"]))]
     res = CliRunner().invoke(fit, [*declared, "--device", "none", "--json", "--", "llama-server", *argv, *case["flags"]])
     assert res.exit_code in (0, 1), res.output
-    check(json.loads(res.stdout), data["result"])
+    check(json.loads(res.stdout), data["result"], case)
 
 
 @pytest.mark.parametrize("model, needle", [

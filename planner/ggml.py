@@ -313,6 +313,17 @@ def pad(a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
     return _op(r, "PAD", [a], (0, p[0], 0, p[1], 0, p[2], 0, p[3], 0))
 
 
+def pad_reflect_1d(a: Tensor, p0: int, p1: int) -> Tensor:
+    """ggml_pad_reflect_1d: ne[0] padded by p0 and p1 mirrored values (ggml.c:5299)."""
+    present(a)
+    ggml_assert(p0 >= 0 and p1 >= 0, "ggml.c:5304", "p0 >= 0 && p1 >= 0")
+    ggml_assert(p0 < a.ne[0] and p1 < a.ne[0], "ggml.c:5307", "p0 < a->ne[0] && p1 < a->ne[0]",
+                f"'{a.name}' {list(a.ne)} padded by {p0}, {p1}")
+    ggml_assert(a.is_contiguous(), "ggml.c:5310", "ggml_is_contiguous(a)")
+    ggml_assert(a.type == T.F32, "ggml.c:5311", "a->type == GGML_TYPE_F32")
+    return _op(new_tensor(a.type, a.ne[0] + p0 + p1, a.ne[1], a.ne[2], a.ne[3]), "PAD_REFLECT_1D", [a], (p0, p1))
+
+
 def get_rows(a: Tensor, b: Tensor) -> Tensor:
     present(a, b)
     t = a.type if a.type == T.I32 else T.F32
@@ -536,6 +547,18 @@ def lightning_indexer(q: Tensor, k: Tensor, weights: Tensor, mask: Tensor) -> Te
 
 # enum ggml_prec (ggml.h)
 PREC_F32 = 10
+
+
+def prec_set_acc(t: Tensor, prec: int) -> bool:
+    """ggml_prec_set_acc (ggml.c:3291): the accumulator precision of a MUL_MAT / MUL_MAT_ID
+    (op_params[0]) or FLASH_ATTN_EXT (op_params[3]); False for other ops."""
+    idx = {"MUL_MAT": 0, "MUL_MAT_ID": 0, "FLASH_ATTN_EXT": 3}.get(t.op)
+    if idx is None:
+        return False
+    params = list(t.op_params) + [0] * (idx + 1 - len(t.op_params))
+    params[idx] = prec
+    t.op_params = tuple(params)
+    return True
 
 
 def prec_set_src(t: Tensor, prec: int, idx: int) -> None:

@@ -121,6 +121,43 @@ TN_MM_NORM_MID = "mm.a.norm_mid.%s"
 TN_DEEPSTACK_NORM = "v.deepstack.%d.norm.%s"
 TN_DEEPSTACK_FC1 = "v.deepstack.%d.fc1.%s"
 TN_DEEPSTACK_FC2 = "v.deepstack.%d.fc2.%s"
+TN_CONV_PW1 = "%s.blk.%d.conv_pw1.%s"
+TN_CONV_PW2 = "%s.blk.%d.conv_pw2.%s"
+TN_A_SE_CONV1 = "a.blk.%d.se_conv1.%s"
+TN_A_SE_CONV2 = "a.blk.%d.se_conv2.%s"
+TN_A_CONV_RES2 = "a.blk.%d.res2.%d.%s"
+TN_A_ASP_ATTN = "a.asp_attn.%s"
+TN_A_ASP_TDNN = "a.asp_tdnn.%s"
+TN_A_GEN_CODE_PROJ_IN = "a.gen.code.proj_in.%s"
+TN_A_GEN_CODE_EMBD = "a.gen.code.embd.%s"
+TN_A_GEN_CODE_HEAD = "a.gen.code.head.%s"
+TN_A_GEN_CODE_OUT_EMBD = "a.gen.code.out_embd.%s"
+TN_A_GEN_CODE_NORM = "a.gen.code.output_norm.%s"
+TN_A_GEN_WAV_QUANT_FIRST_IN = "a.gen.wav.quant.first.in_proj.%s"
+TN_A_GEN_WAV_QUANT_FIRST_OUT = "a.gen.wav.quant.first.out_proj.%s"
+TN_A_GEN_WAV_QUANT_FIRST_CB = "a.gen.wav.quant.first.codebook.%s"
+TN_A_GEN_WAV_QUANT_REST_IN = "a.gen.wav.quant.rest.in_proj.%s"
+TN_A_GEN_WAV_QUANT_REST_OUT = "a.gen.wav.quant.rest.out_proj.%s"
+TN_A_GEN_WAV_QUANT_REST_CB = "a.gen.wav.quant.rest.codebook.%s"
+TN_A_GEN_WAV_PRE_CONV = "a.gen.wav.pre_conv.%s"
+TN_A_GEN_WAV_TFM_IN_PROJ = "a.gen.wav.tfm.in_proj.%s"
+TN_A_GEN_WAV_TFM_OUT_PROJ = "a.gen.wav.tfm.out_proj.%s"
+TN_A_GEN_WAV_TFM_OUT_NORM = "a.gen.wav.tfm.output_norm.%s"
+TN_A_GEN_WAV_UP_CONV = "a.gen.wav.up.blk.%d.conv.%s"
+TN_A_GEN_WAV_UP_DWCONV = "a.gen.wav.up.blk.%d.dwconv.%s"
+TN_A_GEN_WAV_UP_NORM = "a.gen.wav.up.blk.%d.norm.%s"
+TN_A_GEN_WAV_UP_PW1 = "a.gen.wav.up.blk.%d.pw1.%s"
+TN_A_GEN_WAV_UP_PW2 = "a.gen.wav.up.blk.%d.pw2.%s"
+TN_A_GEN_WAV_UP_GAMMA = "a.gen.wav.up.blk.%d.gamma"
+TN_A_GEN_WAV_DAC_ENTRY = "a.gen.wav.dac.entry.%s"
+TN_A_GEN_WAV_DAC_SNAKE = "a.gen.wav.dac.blk.%d.snake.%s"
+TN_A_GEN_WAV_DAC_CONV = "a.gen.wav.dac.blk.%d.conv.%s"
+TN_A_GEN_WAV_DAC_RES_ACT1 = "a.gen.wav.dac.blk.%d.res.%d.act1.%s"
+TN_A_GEN_WAV_DAC_RES_CONV1 = "a.gen.wav.dac.blk.%d.res.%d.conv1.%s"
+TN_A_GEN_WAV_DAC_RES_ACT2 = "a.gen.wav.dac.blk.%d.res.%d.act2.%s"
+TN_A_GEN_WAV_DAC_RES_CONV2 = "a.gen.wav.dac.blk.%d.res.%d.conv2.%s"
+TN_A_GEN_WAV_DAC_POST_SNAKE = "a.gen.wav.dac.post_snake.%s"
+TN_A_GEN_WAV_DAC_POST_CONV = "a.gen.wav.dac.post_conv.%s"
 
 # clip-impl.h PROJECTOR_TYPE_NAMES: every type llama.cpp knows, by its GGUF name
 PROJECTOR_TYPE_NAMES = (
@@ -147,7 +184,12 @@ GRAPH_BUILDERS = {
     "gemma4v": "gemma4v",
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
+    "qwen3tts_spkenc": "qwen3tts_spkenc",
 }
+
+# the gen-audio types planned: clip_init loads their weights and reserves nothing for them (its
+# "TODO: fix warmup": no warm-up graph, so no builder here)
+GEN_AUDIO_TYPES = frozenset({"qwen3tts_gen"})
 
 # clip_modality
 MODALITY_VISION, MODALITY_AUDIO, MODALITY_GEN_AUDIO = "vision", "audio", "gen.audio"
@@ -200,6 +242,10 @@ class ClipHparams:
     minicpmv_query_num: int = 0
     custom_image_min_tokens: int = -1
     custom_image_max_tokens: int = -1
+    wav_tfm_n_layer: int = 0
+    wav_upsample_n_block: int = 0
+    wav_dac_n_block: int = 0
+    wav_dac_n_res: int = 0
 
     def set_limit_image_tokens(self, n_tokens_min: int, n_tokens_max: int) -> None:
         patch_area = self.patch_size * self.patch_size * self.n_merge * self.n_merge
@@ -274,6 +320,16 @@ class ClipLayer:
     deepstack_fc1_b: Optional[Tensor] = None
     deepstack_fc2_w: Optional[Tensor] = None
     deepstack_fc2_b: Optional[Tensor] = None
+    conv_pw1_w: Optional[Tensor] = None
+    conv_pw1_b: Optional[Tensor] = None
+    conv_pw2_w: Optional[Tensor] = None
+    conv_pw2_b: Optional[Tensor] = None
+    se_conv1_w: Optional[Tensor] = None
+    se_conv1_b: Optional[Tensor] = None
+    se_conv2_w: Optional[Tensor] = None
+    se_conv2_b: Optional[Tensor] = None
+    res2_conv_w: list[Tensor] = field(default_factory=list)
+    res2_conv_b: list[Tensor] = field(default_factory=list)
 
     def has_deepstack(self) -> bool:
         return self.deepstack_fc1_w is not None
@@ -343,6 +399,17 @@ class ClipModel:
     mm_norm_pre_w: Optional[Tensor] = None
     mm_norm_mid_w: Optional[Tensor] = None
     mm_fc_b: Optional[Tensor] = None
+    spk_asp_attn_w: Optional[Tensor] = None
+    spk_asp_attn_b: Optional[Tensor] = None
+    spk_asp_tdnn_w: Optional[Tensor] = None
+    spk_asp_tdnn_b: Optional[Tensor] = None
+    gen_code_proj_in_w: Optional[Tensor] = None
+    gen_code_proj_in_b: Optional[Tensor] = None
+    gen_code_embd_w: Optional[Tensor] = None
+    gen_code_head_w: Optional[Tensor] = None
+    gen_code_out_embd_w: Optional[Tensor] = None
+    gen_code_norm_w: Optional[Tensor] = None
+    c2w: dict[str, Tensor] = field(default_factory=dict)   # clip_model.c2w (code2wav), by GGUF name: no graph reads it
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -503,9 +570,9 @@ class ClipModelLoader:
             self.fail(f"load_hparams: unknown projector type: {proj_type}")
         if proj_type == "qwen2.5o":    # the legacy name of Qwen2.5-Omni's two encoders
             proj_type = "qwen2.5vl_merger" if modality == MODALITY_VISION else "qwen2a"
-        if proj_type not in GRAPH_BUILDERS:
+        if proj_type not in GRAPH_BUILDERS and proj_type not in GEN_AUDIO_TYPES:
             raise UnsupportedModel(f"{self.path}: the multimodal projector type '{proj_type}' ({modality}) is not "
-                                   f"planned by schedplan yet (planned: {', '.join(sorted(GRAPH_BUILDERS))})")
+                                   f"planned by schedplan yet (planned: {', '.join(sorted(GRAPH_BUILDERS.keys() | GEN_AUDIO_TYPES))})")
         model.proj_type = proj_type
 
         prefix = modality
@@ -607,6 +674,13 @@ class ClipModelLoader:
                                else self.get_u32(KEY_WIN_ATTN_PATTERN, 0))
             hp.set_limit_image_tokens(8, 4096)
             hp.set_warmup_n_tokens(46 * 46)   # avoid OOM on warmup
+        elif proj_type == "qwen3tts_gen":
+            # clip.cpp's hard-coded code2wav sizes (the converter does not write them); the other
+            # constants set there (rope thetas, eps, the sliding window) only matter to graphs never built here
+            hp.wav_tfm_n_layer = 8
+            hp.wav_upsample_n_block = 2
+            hp.wav_dac_n_block = 4
+            hp.wav_dac_n_res = 3
 
         # sanity checks
         if hp.image_size < 0:
@@ -805,6 +879,70 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_MM_AUDIO_MLP % (1, "bias"))
             model.mm_2_w = get_tensor(TN_MM_AUDIO_MLP % (2, "weight"))
             model.mm_2_b = get_tensor(TN_MM_AUDIO_MLP % (2, "bias"))
+        elif model.proj_type == "qwen3tts_spkenc":
+            model.conv1d_1_w = get_tensor(TN_CONV1D % (0, "weight"))    # the stem TDNN (block 0)
+            model.conv1d_1_b = get_tensor(TN_CONV1D % (0, "bias"))
+            # the SE-Res2Net blocks: GGUF bid 1..3, one per hparams.n_layer
+            model.layers = [ClipLayer() for _ in range(hp.n_layer)]
+            for il, layer in enumerate(model.layers):
+                bid = il + 1
+                layer.conv_pw1_w = get_tensor(TN_CONV_PW1 % (prefix, bid, "weight"))
+                layer.conv_pw1_b = get_tensor(TN_CONV_PW1 % (prefix, bid, "bias"))
+                layer.conv_pw2_w = get_tensor(TN_CONV_PW2 % (prefix, bid, "weight"))
+                layer.conv_pw2_b = get_tensor(TN_CONV_PW2 % (prefix, bid, "bias"))
+                layer.se_conv1_w = get_tensor(TN_A_SE_CONV1 % (bid, "weight"))
+                layer.se_conv1_b = get_tensor(TN_A_SE_CONV1 % (bid, "bias"))
+                layer.se_conv2_w = get_tensor(TN_A_SE_CONV2 % (bid, "weight"))
+                layer.se_conv2_b = get_tensor(TN_A_SE_CONV2 % (bid, "bias"))
+                for xid in range(7):
+                    layer.res2_conv_w.append(get_tensor(TN_A_CONV_RES2 % (bid, xid, "weight")))
+                    layer.res2_conv_b.append(get_tensor(TN_A_CONV_RES2 % (bid, xid, "bias")))
+            model.conv_out_w = get_tensor(TN_CONV_OUT % "weight")      # multi-layer feature aggregation
+            model.conv_out_b = get_tensor(TN_CONV_OUT % "bias")
+            model.spk_asp_attn_w = get_tensor(TN_A_ASP_ATTN % "weight")  # attentive statistics pooling
+            model.spk_asp_attn_b = get_tensor(TN_A_ASP_ATTN % "bias")
+            model.spk_asp_tdnn_w = get_tensor(TN_A_ASP_TDNN % "weight")
+            model.spk_asp_tdnn_b = get_tensor(TN_A_ASP_TDNN % "bias")
+            model.mm_fc_w = get_tensor(TN_MM_AUDIO_FC % "weight")      # the speaker embedding projection
+            model.mm_fc_b = get_tensor(TN_MM_AUDIO_FC % "bias")
+        elif model.proj_type == "qwen3tts_gen":
+            # the code predictor; proj_in is absent when the talker and the predictor share the hidden size
+            model.gen_code_proj_in_w = get_tensor(TN_A_GEN_CODE_PROJ_IN % "weight", False)
+            model.gen_code_proj_in_b = get_tensor(TN_A_GEN_CODE_PROJ_IN % "bias", False)
+            model.gen_code_embd_w = get_tensor(TN_A_GEN_CODE_EMBD % "weight")
+            model.gen_code_head_w = get_tensor(TN_A_GEN_CODE_HEAD % "weight")
+            model.gen_code_out_embd_w = get_tensor(TN_A_GEN_CODE_OUT_EMBD % "weight")
+            model.gen_code_norm_w = get_tensor(TN_A_GEN_CODE_NORM % "weight")
+            # code2wav (RVQ codes to PCM) in the same context, in clip.cpp's load order
+            names = [TN_A_GEN_WAV_QUANT_FIRST_IN % "weight", TN_A_GEN_WAV_QUANT_FIRST_OUT % "weight",
+                     TN_A_GEN_WAV_QUANT_FIRST_CB % "weight", TN_A_GEN_WAV_QUANT_REST_IN % "weight",
+                     TN_A_GEN_WAV_QUANT_REST_OUT % "weight", TN_A_GEN_WAV_QUANT_REST_CB % "weight",
+                     TN_A_GEN_WAV_PRE_CONV % "weight", TN_A_GEN_WAV_PRE_CONV % "bias",
+                     TN_A_GEN_WAV_TFM_IN_PROJ % "weight", TN_A_GEN_WAV_TFM_IN_PROJ % "bias",
+                     TN_A_GEN_WAV_TFM_OUT_PROJ % "weight", TN_A_GEN_WAV_TFM_OUT_PROJ % "bias",
+                     TN_A_GEN_WAV_TFM_OUT_NORM % "weight"]
+            tfm = "a.gen.wav.tfm"
+            for il in range(hp.wav_tfm_n_layer):
+                names += [fmt % (tfm, il, "weight") for fmt in (TN_ATTN_Q, TN_ATTN_K, TN_ATTN_V, TN_ATTN_OUTPUT, TN_LN_1,
+                                                                 TN_LN_2, TN_LS_1, TN_LS_2, TN_FFN_GATE, TN_FFN_UP,
+                                                                 TN_FFN_DOWN)]
+            for il in range(hp.wav_upsample_n_block):
+                for fmt in (TN_A_GEN_WAV_UP_CONV, TN_A_GEN_WAV_UP_DWCONV, TN_A_GEN_WAV_UP_NORM, TN_A_GEN_WAV_UP_PW1,
+                            TN_A_GEN_WAV_UP_PW2):
+                    names += [fmt % (il, "weight"), fmt % (il, "bias")]
+                names.append(TN_A_GEN_WAV_UP_GAMMA % il)
+            names += [TN_A_GEN_WAV_DAC_ENTRY % "weight", TN_A_GEN_WAV_DAC_ENTRY % "bias"]
+            for il in range(hp.wav_dac_n_block):
+                names += [TN_A_GEN_WAV_DAC_SNAKE % (il, "alpha"), TN_A_GEN_WAV_DAC_SNAKE % (il, "beta"),
+                          TN_A_GEN_WAV_DAC_CONV % (il, "weight"), TN_A_GEN_WAV_DAC_CONV % (il, "bias")]
+                for ir in range(hp.wav_dac_n_res):
+                    names += [TN_A_GEN_WAV_DAC_RES_ACT1 % (il, ir, "alpha"), TN_A_GEN_WAV_DAC_RES_ACT1 % (il, ir, "beta"),
+                              TN_A_GEN_WAV_DAC_RES_CONV1 % (il, ir, "weight"), TN_A_GEN_WAV_DAC_RES_CONV1 % (il, ir, "bias"),
+                              TN_A_GEN_WAV_DAC_RES_ACT2 % (il, ir, "alpha"), TN_A_GEN_WAV_DAC_RES_ACT2 % (il, ir, "beta"),
+                              TN_A_GEN_WAV_DAC_RES_CONV2 % (il, ir, "weight"), TN_A_GEN_WAV_DAC_RES_CONV2 % (il, ir, "bias")]
+            names += [TN_A_GEN_WAV_DAC_POST_SNAKE % "alpha", TN_A_GEN_WAV_DAC_POST_SNAKE % "beta",
+                      TN_A_GEN_WAV_DAC_POST_CONV % "weight", TN_A_GEN_WAV_DAC_POST_CONV % "bias"]
+            model.c2w = {name: get_tensor(name) for name in names}
         elif model.proj_type == "llama4":
             model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
             model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
@@ -856,6 +994,10 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_model_proj.ne[1]
     if p == "glm4v":
         return model.mm_ffn_down_w.ne[1]
+    if p == "qwen3tts_spkenc":
+        return model.mm_fc_w.ne[2]
+    if p == "qwen3tts_gen":
+        return model.gen_code_out_embd_w.ne[0]
     raise AssertionError(f"clip_n_mmproj_embd: {p} is in GRAPH_BUILDERS but not here")
 
 
@@ -1269,9 +1411,10 @@ def warmup(ctx: ClipCtx) -> None:
 
 @dataclass
 class ClipInitResult:
-    """clip_init_result: the vision and audio contexts (gen-audio is not planned)."""
+    """clip_init_result: the vision, audio and audio-generation contexts."""
     ctx_v: Optional[ClipCtx]
     ctx_a: Optional[ClipCtx]
+    ctx_gen_a: Optional[ClipCtx]
     path: str
 
 
@@ -1294,6 +1437,11 @@ def clip_init(path: str, devices: list[Backend], cparams: ClipContextParams, use
         graph_builder(ctx_a, *warmup_size(ctx_a))
         if cparams.warmup:
             warmup(ctx_a)
+    ctx_gen_a = None
     if loader.has_gen_audio:
-        raise NotImplementedError(f"{path}: the projector's audio generation encoder is not planned yet")
-    return ClipInitResult(ctx_v, ctx_a, path)
+        # clip_init: the weights loaded, no init_ctx and no warm-up ("TODO: fix warmup"): no compute buffer
+        model = ClipModel()
+        ctx_gen_a = new_clip_ctx(devices, cparams, model)
+        loader.load_hparams(model, MODALITY_GEN_AUDIO)
+        loader.load_tensors(ctx_gen_a)
+    return ClipInitResult(ctx_v, ctx_a, ctx_gen_a, path)

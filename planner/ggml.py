@@ -313,6 +313,13 @@ def pad(a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
     return _op(r, "PAD", [a], (0, p[0], 0, p[1], 0, p[2], 0, p[3], 0))
 
 
+def pad_ext(a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int, lp3: int, rp3: int) -> Tensor:
+    """ggml_pad_ext (ggml.c:5243): each dimension padded on both sides, not circular."""
+    present(a)
+    r = new_tensor(a.type, a.ne[0] + lp0 + rp0, a.ne[1] + lp1 + rp1, a.ne[2] + lp2 + rp2, a.ne[3] + lp3 + rp3)
+    return _op(r, "PAD", [a], (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3, 0))
+
+
 def pad_reflect_1d(a: Tensor, p0: int, p1: int) -> Tensor:
     """ggml_pad_reflect_1d: ne[0] padded by p0 and p1 mirrored values (ggml.c:5299)."""
     present(a)
@@ -415,7 +422,7 @@ def l2_norm(a: Tensor, eps: float) -> Tensor:
 
 
 # enum ggml_unary_op, for the ones schedplan builds
-UNARY_OPS = {"ABS": 0, "SGN": 1, "NEG": 2, "TANH": 4, "RELU": 6, "SIGMOID": 7, "GELU": 8, "GELU_QUICK": 9, "SILU": 10,
+UNARY_OPS = {"ABS": 0, "SGN": 1, "NEG": 2, "TANH": 4, "ELU": 5, "RELU": 6, "SIGMOID": 7, "GELU": 8, "GELU_QUICK": 9, "SILU": 10,
              "EXP": 13, "SOFTPLUS": 15, "GELU_ERF": 16, "XIELU": 17, "ROUND": 20}
 
 

@@ -109,29 +109,21 @@ def test_gen_audio_part_of_another_model_is_refused(tmp_path):
     assert "mismatch between text model (n_embd = 256) and gen-audio mmproj (n_embd = 128)" in out.stderr
 
 
-def test_pocket_tts_projector_is_refused(tmp_path):
-    from fixtures.make_mmproj import load_config, write_mmproj
-    config = load_config("tiny-mmproj-qwen3tts")
-    config["metadata"]["clip.audio.projector_type"] = "pockettts_spkenc"
-    path = write_mmproj(config, tmp_path / "pockettts.gguf", header_only=True)
-    out = run_cli("reserve", str(model_path("tiny-pockettts")), "-mm", str(path))
-    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert "the multimodal projector type 'pockettts_spkenc' (audio) is not planned" in out.stderr
-
-
-def test_gen_audio_weights_are_loaded_but_not_in_memory_usage():
+@pytest.mark.parametrize("model, projector, encoder, gen", [("tiny-qwen3tts", "tiny-mmproj-qwen3tts", "qwen3tts_spkenc", "qwen3tts_gen"),
+                                                           ("tiny-pockettts", "tiny-mmproj-pockettts", "pockettts_spkenc", "pockettts_gen")])
+def test_gen_audio_weights_are_loaded_but_not_in_memory_usage(model, projector, encoder, gen):
     """clip_init loads the gen-audio context's weights (no warm-up): reserve shows them beside the
     speaker encoder, and only mtmd_get_memory_usage's vision + audio sum is the projector's usage."""
     from fixtures.make_mmproj import tensor_specs
     from fixtures.make_gguf import tensor_nbytes
-    out = run_cli("reserve", str(model_path("tiny-qwen3tts")), "-mm", str(mmproj_path("tiny-mmproj-qwen3tts")), "--json")
+    out = run_cli("reserve", str(model_path(model)), "-mm", str(mmproj_path(projector)), "--json")
     assert out.returncode == 0, out.stderr
-    projector = json.loads(out.stdout)["projector"]
-    golden = json.loads((GOLDEN_DIR / "tiny-mmproj-qwen3tts__defaults.json").read_text())["result"]
-    assert projector["memory_usage"] == golden["memory_usage"]
-    gen = sum(tensor_nbytes(ne, t) for name, ne, t in tensor_specs("tiny-mmproj-qwen3tts") if name.startswith("a.gen."))
-    assert projector["gen_audio"]["weights"] == {"CPU": gen}
-    assert [e["projector_type"] for e in projector["encoders"]] == ["qwen3tts_spkenc"]
+    planned = json.loads(out.stdout)["projector"]
+    golden = json.loads((GOLDEN_DIR / f"{projector}__defaults.json").read_text())["result"]
+    assert planned["memory_usage"] == golden["memory_usage"]
+    weights = sum(tensor_nbytes(ne, t) for name, ne, t in tensor_specs(projector) if name.startswith("a.gen."))
+    assert planned["gen_audio"]["weights"] == {"CPU": weights} and planned["gen_audio"]["projector_type"] == gen
+    assert [e["projector_type"] for e in planned["encoders"]] == [encoder]
 
 
 def test_unplanned_and_unknown_types_are_refused(tmp_path):

@@ -158,6 +158,36 @@ TN_A_GEN_WAV_DAC_RES_ACT2 = "a.gen.wav.dac.blk.%d.res.%d.act2.%s"
 TN_A_GEN_WAV_DAC_RES_CONV2 = "a.gen.wav.dac.blk.%d.res.%d.conv2.%s"
 TN_A_GEN_WAV_DAC_POST_SNAKE = "a.gen.wav.dac.post_snake.%s"
 TN_A_GEN_WAV_DAC_POST_CONV = "a.gen.wav.dac.post_conv.%s"
+TN_A_SEANET_CONV_IN = "a.seanet.conv_in.%s"
+TN_A_SEANET_CONV_OUT = "a.seanet.conv_out.%s"
+TN_A_SEANET_RES_CONV1 = "a.seanet.blk.%d.res_conv1.%s"
+TN_A_SEANET_RES_CONV2 = "a.seanet.blk.%d.res_conv2.%s"
+TN_A_SEANET_SCALE_CONV = "a.seanet.blk.%d.scale_conv.%s"
+TN_A_SPEAKER_PROJ = "a.speaker_proj.%s"
+TN_A_DOWNSAMPLE_CONV = "a.downsample.conv.%s"
+TN_A_GEN_FLOW_INPUT_PROJ = "a.gen.flow.input_proj.%s"
+TN_A_GEN_FLOW_COND_EMBD = "a.gen.flow.cond_embd.%s"
+TN_A_GEN_FLOW_TIME_FREQS = "a.gen.flow.time.%d.freqs"
+TN_A_GEN_FLOW_TIME_UP = "a.gen.flow.time.%d.up.%s"
+TN_A_GEN_FLOW_TIME_DOWN = "a.gen.flow.time.%d.down.%s"
+TN_A_GEN_FLOW_TIME_NORM = "a.gen.flow.time.%d.norm"
+TN_A_GEN_FLOW_BLK_NORM = "a.gen.flow.blk.%d.norm.%s"
+TN_A_GEN_FLOW_BLK_UP = "a.gen.flow.blk.%d.up.%s"
+TN_A_GEN_FLOW_BLK_DOWN = "a.gen.flow.blk.%d.down.%s"
+TN_A_GEN_FLOW_BLK_ADA = "a.gen.flow.blk.%d.ada.%s"
+TN_A_GEN_FLOW_FINAL_ADA = "a.gen.flow.final.ada.%s"
+TN_A_GEN_FLOW_FINAL_PROJ = "a.gen.flow.final.proj.%s"
+TN_A_GEN_OUT_EOS = "a.gen.out_eos.%s"
+TN_A_GEN_INPUT_LINEAR = "a.gen.input_linear.%s"
+TN_A_GEN_EMB_MEAN = "a.gen.emb_mean"
+TN_A_GEN_EMB_STD = "a.gen.emb_std"
+TN_A_GEN_WAV_QUANT_OUT = "a.gen.wav.quant_out.%s"
+TN_A_GEN_WAV_UPSAMPLE = "a.gen.wav.upsample.%s"
+TN_A_GEN_WAV_SEANET_CONV_IN = "a.gen.wav.seanet.conv_in.%s"
+TN_A_GEN_WAV_SEANET_CONV_OUT = "a.gen.wav.seanet.conv_out.%s"
+TN_A_GEN_WAV_SEANET_RES_CONV1 = "a.gen.wav.seanet.blk.%d.res_conv1.%s"
+TN_A_GEN_WAV_SEANET_RES_CONV2 = "a.gen.wav.seanet.blk.%d.res_conv2.%s"
+TN_A_GEN_WAV_SEANET_SCALE_CONV = "a.gen.wav.seanet.blk.%d.scale_conv.%s"
 
 # clip-impl.h PROJECTOR_TYPE_NAMES: every type llama.cpp knows, by its GGUF name
 PROJECTOR_TYPE_NAMES = (
@@ -185,11 +215,12 @@ GRAPH_BUILDERS = {
     "ultravox": "whisper_enc", "voxtral": "whisper_enc", "qwen2a": "whisper_enc", "musicflamingo": "whisper_enc",
     "qwen3a": "qwen3a",
     "qwen3tts_spkenc": "qwen3tts_spkenc",
+    "pockettts_spkenc": "pockettts_spkenc",
 }
 
 # the gen-audio types planned: clip_init loads their weights and reserves nothing for them (its
 # "TODO: fix warmup": no warm-up graph, so no builder here)
-GEN_AUDIO_TYPES = frozenset({"qwen3tts_gen"})
+GEN_AUDIO_TYPES = frozenset({"qwen3tts_gen", "pockettts_gen"})
 
 # clip_modality
 MODALITY_VISION, MODALITY_AUDIO, MODALITY_GEN_AUDIO = "vision", "audio", "gen.audio"
@@ -246,6 +277,10 @@ class ClipHparams:
     wav_upsample_n_block: int = 0
     wav_dac_n_block: int = 0
     wav_dac_n_res: int = 0
+    seanet_ratios: list[int] = field(default_factory=list)
+    seanet_n_stage: int = 0
+    mimi_downsample: int = 0
+    mimi_tfm_context: int = 0
 
     def set_limit_image_tokens(self, n_tokens_min: int, n_tokens_max: int) -> None:
         patch_area = self.patch_size * self.patch_size * self.n_merge * self.n_merge
@@ -336,6 +371,27 @@ class ClipLayer:
 
 
 @dataclass
+class ClipSeanetStage:
+    """clip_seanet::stage"""
+    res_conv1_w: Tensor
+    res_conv1_b: Tensor
+    res_conv2_w: Tensor
+    res_conv2_b: Tensor
+    scale_conv_w: Tensor
+    scale_conv_b: Tensor
+
+
+@dataclass
+class ClipSeanet:
+    """clip_seanet: mimi's SEANet convolution stack (encoder or decoder)"""
+    conv_in_w: Tensor
+    conv_in_b: Tensor
+    conv_out_w: Tensor
+    conv_out_b: Tensor
+    stages: list[ClipSeanetStage]
+
+
+@dataclass
 class ClipModel:
     """clip_model, the fields the planned projector types use."""
     modality: str = MODALITY_VISION
@@ -410,6 +466,18 @@ class ClipModel:
     gen_code_out_embd_w: Optional[Tensor] = None
     gen_code_norm_w: Optional[Tensor] = None
     c2w: dict[str, Tensor] = field(default_factory=dict)   # clip_model.c2w (code2wav), by GGUF name: no graph reads it
+    seanet: Optional["ClipSeanet"] = None
+    downsample_w: Optional[Tensor] = None
+    spk_proj_w: Optional[Tensor] = None
+    flow: dict[str, Tensor] = field(default_factory=dict)  # clip_flow_net, by GGUF name: no graph reads it
+    gen_out_eos_w: Optional[Tensor] = None
+    gen_out_eos_b: Optional[Tensor] = None
+    gen_input_lin_w: Optional[Tensor] = None
+    gen_emb_mean: Optional[Tensor] = None
+    gen_emb_std: Optional[Tensor] = None
+    gen_quant_out_w: Optional[Tensor] = None
+    gen_upsample_w: Optional[Tensor] = None
+    gen_tfm_layers: list[ClipLayer] = field(default_factory=list)
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -681,6 +749,14 @@ class ClipModelLoader:
             hp.wav_upsample_n_block = 2
             hp.wav_dac_n_block = 4
             hp.wav_dac_n_res = 3
+        elif proj_type in ("pockettts_spkenc", "pockettts_gen"):
+            # the mimi front-end convolves the raw waveform (no mel); the SEANet ratios [6, 5, 4] of the
+            # config, reversed by the encoder
+            hp.seanet_ratios = [4, 5, 6]
+            hp.seanet_n_stage = len(hp.seanet_ratios)
+            hp.mimi_downsample = 16
+            hp.mimi_tfm_context = 250    # the reference transformer's "context"
+            hp.rope_theta = 10000.0
 
         # sanity checks
         if hp.image_size < 0:
@@ -696,7 +772,9 @@ class ClipModelLoader:
                       f"({hp.image_min_pixels})")
         if hp.n_merge <= 0 or hp.n_merge >= 65536:
             self.fail(f"load_hparams: n_merge ({hp.n_merge}) must be greater than 0 and less than 65536")
-        if modality == MODALITY_AUDIO and not 1 <= hp.n_mel_bins <= 256:   # the FFT-based encoders planned
+        # the FFT-based encoders here; pockettts_spkenc (raw samples) passes load_hparams with any positive
+        # count, but init_ctx's get_dummy_batch checks [1, 256] for every planned audio type
+        if modality == MODALITY_AUDIO and not 1 <= hp.n_mel_bins <= 256:
             self.fail(f"load_hparams: n_mel_bins ({hp.n_mel_bins}) must be in range [1, 256]")
 
     # --- clip_model_loader::load_tensors ---------------------------------------------------------
@@ -728,6 +806,19 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"), bias_required)
             model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
             model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"), bias_required)
+
+        def load_seanet(is_decoder: bool) -> ClipSeanet:
+            """load_tensors' load_seanet: the encoder's (a.seanet) or the decoder's (a.gen.wav.seanet) convs"""
+            conv_in, conv_out, res1, res2, scale = (
+                (TN_A_GEN_WAV_SEANET_CONV_IN, TN_A_GEN_WAV_SEANET_CONV_OUT, TN_A_GEN_WAV_SEANET_RES_CONV1,
+                 TN_A_GEN_WAV_SEANET_RES_CONV2, TN_A_GEN_WAV_SEANET_SCALE_CONV) if is_decoder else
+                (TN_A_SEANET_CONV_IN, TN_A_SEANET_CONV_OUT, TN_A_SEANET_RES_CONV1, TN_A_SEANET_RES_CONV2,
+                 TN_A_SEANET_SCALE_CONV))
+            head = [get_tensor(conv_in % "weight"), get_tensor(conv_in % "bias"), get_tensor(conv_out % "weight"),
+                    get_tensor(conv_out % "bias")]
+            stages = [ClipSeanetStage(*(get_tensor(fmt % (i, suffix)) for fmt in (res1, res2, scale)
+                                        for suffix in ("weight", "bias"))) for i in range(hp.seanet_n_stage)]
+            return ClipSeanet(*head, stages)
 
         model.class_embedding = get_tensor(TN_CLASS_EMBD, False)
         model.pre_ln_w = get_tensor(TN_LN_PRE % (prefix, "weight"), False)
@@ -943,6 +1034,48 @@ class ClipModelLoader:
             names += [TN_A_GEN_WAV_DAC_POST_SNAKE % "alpha", TN_A_GEN_WAV_DAC_POST_SNAKE % "beta",
                       TN_A_GEN_WAV_DAC_POST_CONV % "weight", TN_A_GEN_WAV_DAC_POST_CONV % "bias"]
             model.c2w = {name: get_tensor(name) for name in names}
+        elif model.proj_type == "pockettts_spkenc":
+            model.seanet = load_seanet(False)
+            model.downsample_w = get_tensor(TN_A_DOWNSAMPLE_CONV % "weight")
+            model.spk_proj_w = get_tensor(TN_A_SPEAKER_PROJ % "weight")
+        elif model.proj_type == "pockettts_gen":
+            names = [fmt % suffix for fmt in (TN_A_GEN_FLOW_INPUT_PROJ, TN_A_GEN_FLOW_COND_EMBD, TN_A_GEN_FLOW_FINAL_ADA,
+                                              TN_A_GEN_FLOW_FINAL_PROJ) for suffix in ("weight", "bias")]
+            for i in range(2):
+                names += [TN_A_GEN_FLOW_TIME_FREQS % i, TN_A_GEN_FLOW_TIME_UP % (i, "weight"), TN_A_GEN_FLOW_TIME_UP % (i, "bias"),
+                          TN_A_GEN_FLOW_TIME_DOWN % (i, "weight"), TN_A_GEN_FLOW_TIME_DOWN % (i, "bias"),
+                          TN_A_GEN_FLOW_TIME_NORM % i]
+            model.flow = {name: get_tensor(name) for name in names}
+            # one AdaLN block per flow depth, the count known only from the tensors
+            il = 0
+            while (probe := get_tensor(TN_A_GEN_FLOW_BLK_NORM % (il, "weight"), False)) is not None:
+                model.flow[probe.name] = probe
+                for name in (TN_A_GEN_FLOW_BLK_NORM % (il, "bias"), TN_A_GEN_FLOW_BLK_UP % (il, "weight"),
+                             TN_A_GEN_FLOW_BLK_UP % (il, "bias"), TN_A_GEN_FLOW_BLK_DOWN % (il, "weight"),
+                             TN_A_GEN_FLOW_BLK_DOWN % (il, "bias"), TN_A_GEN_FLOW_BLK_ADA % (il, "weight"),
+                             TN_A_GEN_FLOW_BLK_ADA % (il, "bias")):
+                    model.flow[name] = get_tensor(name)
+                il += 1
+            model.gen_out_eos_w = get_tensor(TN_A_GEN_OUT_EOS % "weight")
+            model.gen_out_eos_b = get_tensor(TN_A_GEN_OUT_EOS % "bias")
+            model.gen_input_lin_w = get_tensor(TN_A_GEN_INPUT_LINEAR % "weight")
+            model.gen_emb_mean = get_tensor(TN_A_GEN_EMB_MEAN)
+            model.gen_emb_std = get_tensor(TN_A_GEN_EMB_STD)
+            # the mimi decoder
+            model.gen_quant_out_w = get_tensor(TN_A_GEN_WAV_QUANT_OUT % "weight")
+            model.gen_upsample_w = get_tensor(TN_A_GEN_WAV_UPSAMPLE % "weight")
+            model.seanet = load_seanet(True)
+            model.gen_tfm_layers = [ClipLayer() for _ in range(hp.n_layer)]
+            for il, layer in enumerate(model.gen_tfm_layers):
+                def g(fmt: str, suffix: str) -> Tensor:
+                    return get_tensor(fmt % ("a.gen.wav.tfm", il, suffix))
+                layer.ln_1_w, layer.ln_1_b = g(TN_LN_1, "weight"), g(TN_LN_1, "bias")
+                layer.q_w, layer.k_w, layer.v_w = g(TN_ATTN_Q, "weight"), g(TN_ATTN_K, "weight"), g(TN_ATTN_V, "weight")
+                layer.o_w = g(TN_ATTN_OUTPUT, "weight")
+                layer.ls_1_w = g(TN_LS_1, "weight")
+                layer.ln_2_w, layer.ln_2_b = g(TN_LN_2, "weight"), g(TN_LN_2, "bias")
+                layer.ff_up_w, layer.ff_down_w = g(TN_FFN_UP, "weight"), g(TN_FFN_DOWN, "weight")
+                layer.ls_2_w = g(TN_LS_2, "weight")
         elif model.proj_type == "llama4":
             model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
             model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
@@ -998,6 +1131,10 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_fc_w.ne[2]
     if p == "qwen3tts_gen":
         return model.gen_code_out_embd_w.ne[0]
+    if p == "pockettts_spkenc":
+        return model.spk_proj_w.ne[1]
+    if p == "pockettts_gen":
+        return model.gen_input_lin_w.ne[1]
     raise AssertionError(f"clip_n_mmproj_embd: {p} is in GRAPH_BUILDERS but not here")
 
 

@@ -159,6 +159,11 @@ def projector_section(p: dict) -> str:
             rows.append([buft, mib(w), mib(c), mib(w + c), f"{w + c:,}"])
         out.append(tabulate(rows, headers=["buffer type", "weights MiB", "compute MiB", "total MiB", "total bytes"],
                             disable_numparse=True, colalign=("left",) + ("right",) * 4))
+    if "gen_audio" in p:
+        g = p["gen_audio"]
+        weights = ", ".join(f"{buft} {mib(size)} MiB ({size:,} bytes)" for buft, size in g["weights"].items())
+        out.append(f"projector gen-audio part: {g['projector_type']} on {g['device']}, output n_embd {g['n_embd']}: "
+                   f"weights {weights}, no warm-up (clip_init), not in mtmd_get_memory_usage")
     usage = ", ".join(f"{dev} {mib(size)} MiB ({size:,} bytes)" for dev, size in p["memory_usage"].items())
     out.append(f"per device, what llama-server adds to --fit's targets (mtmd_get_memory_usage): {usage}")
     return "\n".join(out)

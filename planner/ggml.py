@@ -313,9 +313,21 @@ def pad(a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
 
 def pad_ext(a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int, lp3: int, rp3: int) -> Tensor:
     """ggml_pad_ext: each dimension padded on the left and the right (the amounts are C ints)."""
+    present(a)
     p = [(x + 2**31) % 2**32 - 2**31 for x in (lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3)]
     r = new_tensor(a.type, *(n + p[2 * i] + p[2 * i + 1] for i, n in enumerate(a.ne)))
     return _op(r, "PAD", [a], (*p, 0))
+
+
+def pad_reflect_1d(a: Tensor, p0: int, p1: int) -> Tensor:
+    """ggml_pad_reflect_1d: ne[0] padded by p0 and p1 mirrored values (ggml.c:5299)."""
+    present(a)
+    ggml_assert(p0 >= 0 and p1 >= 0, "ggml.c:5304", "p0 >= 0 && p1 >= 0")
+    ggml_assert(p0 < a.ne[0] and p1 < a.ne[0], "ggml.c:5307", "p0 < a->ne[0] && p1 < a->ne[0]",
+                f"'{a.name}' {list(a.ne)} padded by {p0}, {p1}")
+    ggml_assert(a.is_contiguous(), "ggml.c:5310", "ggml_is_contiguous(a)")
+    ggml_assert(a.type == T.F32, "ggml.c:5311", "a->type == GGML_TYPE_F32")
+    return _op(new_tensor(a.type, a.ne[0] + p0 + p1, a.ne[1], a.ne[2], a.ne[3]), "PAD_REFLECT_1D", [a], (p0, p1))
 
 
 def get_rows(a: Tensor, b: Tensor) -> Tensor:
@@ -417,8 +429,9 @@ def l2_norm(a: Tensor, eps: float) -> Tensor:
 
 
 # enum ggml_unary_op, for the ones schedplan builds
-UNARY_OPS = {"ABS": 0, "SGN": 1, "NEG": 2, "TANH": 4, "RELU": 6, "SIGMOID": 7, "GELU": 8, "GELU_QUICK": 9, "SILU": 10,
-             "HARDSWISH": 11, "HARDSIGMOID": 12, "EXP": 13, "SOFTPLUS": 15, "GELU_ERF": 16, "XIELU": 17, "ROUND": 20}
+UNARY_OPS = {"ABS": 0, "SGN": 1, "NEG": 2, "TANH": 4, "ELU": 5, "RELU": 6, "SIGMOID": 7, "GELU": 8, "GELU_QUICK": 9,
+             "SILU": 10, "HARDSWISH": 11, "HARDSIGMOID": 12, "EXP": 13, "SOFTPLUS": 15, "GELU_ERF": 16, "XIELU": 17,
+             "ROUND": 20}
 
 
 def unary(a: Tensor, unary_op: str, inplace: bool = False) -> Tensor:
@@ -567,13 +580,16 @@ def lightning_indexer(q: Tensor, k: Tensor, weights: Tensor, mask: Tensor) -> Te
 PREC_F32 = 10
 
 
-def prec_set_acc(t: Tensor, prec: int) -> None:
-    """ggml_prec_set_acc for MUL_MAT/MUL_MAT_ID: op_params[0] (ggml.c:3291-3313; FLASH_ATTN_EXT's is set
-    by flash_attn_ext)."""
-    if t.op in ("MUL_MAT", "MUL_MAT_ID"):
-        params = list(t.op_params) + [0] * (1 - len(t.op_params))
-        params[0] = prec
-        t.op_params = tuple(params)
+def prec_set_acc(t: Tensor, prec: int) -> bool:
+    """ggml_prec_set_acc (ggml.c:3291): the accumulator precision of a MUL_MAT / MUL_MAT_ID
+    (op_params[0]) or FLASH_ATTN_EXT (op_params[3]); False for other ops."""
+    idx = {"MUL_MAT": 0, "MUL_MAT_ID": 0, "FLASH_ATTN_EXT": 3}.get(t.op)
+    if idx is None:
+        return False
+    params = list(t.op_params) + [0] * (idx + 1 - len(t.op_params))
+    params[idx] = prec
+    t.op_params = tuple(params)
+    return True
 
 
 def prec_set_src(t: Tensor, prec: int, idx: int) -> None:
@@ -819,18 +835,6 @@ def pool_1d(a: Tensor, op: int, k0: int, s0: int, p0: int) -> Tensor:
         raise GGMLAbort(f"llama.cpp would abort (ggml.c ggml_pool_1d GGML_ASSERT(ne[0] > 0)): a pool of {k0} over "
                         f"'{a.name}' {list(a.ne)}")
     return _op(new_tensor(T.F32, ne0, a.ne[1], a.ne[2], a.ne[3]), "POOL_1D", [a], (op, k0, s0, p0))
-
-
-def conv_2d_dw(a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
-    """ggml_conv_2d_dw (ggml.c:4891): the depthwise convolution as one im2col per channel and a
-    batched matrix product: [OW, OH, C, N]."""
-    new_a = reshape(a, a.ne[0], a.ne[1], 1, a.ne[2] * a.ne[3])
-    col = im2col(new_a, reshape(b, b.ne[0], b.ne[1], 1, b.ne[2] * b.ne[3]), s0, s1, p0, p1, d0, d1, True,
-                 T.F32 if a.type == T.BF16 else T.F16)
-    new_b = reshape(col, col.ne[0], col.ne[2] * col.ne[1], b.ne[2], b.ne[3])
-    new_a = reshape(new_a, new_a.ne[0] * new_a.ne[1], new_a.ne[2], new_a.ne[3], 1)
-    result = mul_mat(new_a, new_b)
-    return reshape(result, col.ne[1], col.ne[2], b.ne[2], b.ne[3])
 
 
 def pool_2d(a: Tensor, op: int, k0: int, k1: int, s0: int, s1: int, p0: float, p1: float) -> Tensor:

@@ -492,14 +492,14 @@ def memory_breakdown(ctx: Context) -> dict[str, int]:
 
 def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector: Optional["MmprojPlan"] = None) -> list[dict]:
     """Per device of known memory, what this plan uses there (model, context, compute: what --fit
-    counts; and a projector's weights and warm-up buffers on that device) against its free memory
-    and the margin --fit keeps (-fitt, default 1024 MiB)."""
+    counts; and a projector's weights and warm-up buffers on that device, its gen-audio weights
+    included) against its free memory and the margin --fit keeps (-fitt, default 1024 MiB)."""
     from .fit import device_memory, fit_targets
 
     sizes = [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))]
     dmds = device_memory(ctx, sizes, 0)    # the host's row is not part of the verdict
     targets = fit_targets(margins)
-    usage = projector.memory_usage() if projector is not None else {}
+    usage = projector.allocated() if projector is not None else {}
     out = []
     for i, b in enumerate(ctx.devices.model_devices()):
         d = dmds[i]

@@ -38,10 +38,14 @@ def test_golden(golden: Path):
     real = data["result"]
     assert plan.memory_usage() == real["memory_usage"]
     assert [d.device_name for d in plan.devices] == real["registry"]
-    for (_, ctx), logged in zip(plan.contexts, real["log"]["contexts"], strict=True):
+    # clip_init logs the gen-audio context too (loaded, never warmed up, not in memory_usage)
+    contexts = plan.contexts + ([("gen.audio", plan.ctx_gen_a)] if plan.ctx_gen_a is not None else [])
+    for (modality, ctx), logged in zip(contexts, real["log"]["contexts"], strict=True):
         assert ctx.backend.name == logged["backend"]
         if "warmup_size" in logged:
             assert [ctx.model.hparams.warmup_image_size] * 2 == logged["warmup_size"]
+        elif modality == "gen.audio":
+            assert "warmup_frames" not in logged and not logged["compute_mib"] and not ctx.compute_buffers
         else:
             assert ctx.model.hparams.warmup_audio_size == logged["warmup_frames"]
         if "nodes" in logged:      # a warm-up ran
@@ -91,6 +95,35 @@ def test_projector_of_another_model_is_refused():
     out = run_cli("fit", str(model_path("tiny-gemma3")), "-mm", str(mmproj_path("tiny-mmproj-qwen3vl")))
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "mismatch between text model (n_embd = 256) and mmproj (n_embd = 768)" in out.stderr
+
+
+def test_gen_audio_part_of_another_model_is_refused(tmp_path):
+    """mtmd_context checks the gen-audio context's output (the code predictor's codec embedding) against
+    the text model too, after the vision / audio one."""
+    from fixtures.make_mmproj import load_config, write_mmproj
+    config = load_config("tiny-mmproj-qwen3tts")
+    config["metadata"]["clip.gen.audio.projection_dim"] = 128    # the layout's out_embd width
+    path = write_mmproj(config, tmp_path / "gen-128.gguf", header_only=True)
+    out = run_cli("reserve", str(model_path("tiny-qwen3tts")), "-mm", str(path))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "mismatch between text model (n_embd = 256) and gen-audio mmproj (n_embd = 128)" in out.stderr
+
+
+@pytest.mark.parametrize("model, projector, encoder, gen", [("tiny-qwen3tts", "tiny-mmproj-qwen3tts", "qwen3tts_spkenc", "qwen3tts_gen"),
+                                                           ("tiny-pockettts", "tiny-mmproj-pockettts", "pockettts_spkenc", "pockettts_gen")])
+def test_gen_audio_weights_are_loaded_but_not_in_memory_usage(model, projector, encoder, gen):
+    """clip_init loads the gen-audio context's weights (no warm-up): reserve shows them beside the
+    speaker encoder, and only mtmd_get_memory_usage's vision + audio sum is the projector's usage."""
+    from fixtures.make_mmproj import tensor_specs
+    from fixtures.make_gguf import tensor_nbytes
+    out = run_cli("reserve", str(model_path(model)), "-mm", str(mmproj_path(projector)), "--json")
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)["projector"]
+    golden = json.loads((GOLDEN_DIR / f"{projector}__defaults.json").read_text())["result"]
+    assert planned["memory_usage"] == golden["memory_usage"]
+    weights = sum(tensor_nbytes(ne, t) for name, ne, t in tensor_specs(projector) if name.startswith("a.gen."))
+    assert planned["gen_audio"]["weights"] == {"CPU": weights} and planned["gen_audio"]["projector_type"] == gen
+    assert [e["projector_type"] for e in planned["encoders"]] == [encoder]
 
 
 def test_unplanned_and_unknown_types_are_refused(tmp_path):

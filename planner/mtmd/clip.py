@@ -79,7 +79,6 @@ KEY_A_MAX_POS_EMB = "clip.audio.max_pos_emb"
 KEY_A_PROJ_WINDOW_SIZE = "clip.audio.projector.window_size"
 KEY_A_PROJ_DOWNSAMPLE_RATE = "clip.audio.projector.downsample_rate"
 KEY_A_PROJ_HEAD_COUNT = "clip.audio.projector.head_count"
-KEY_WIN_ATTN_LAYER_INDEXES = "clip.vision.wa_layer_indexes"
 KEY_ATTN_WINDOW_SIZE = "clip.vision.window_size"
 KEY_PROJ_SAMPLE_QUERY_SIDE = "clip.vision.projector.query_side"
 KEY_PROJ_SAMPLE_WINDOW_SIDE = "clip.vision.projector.window_side"
@@ -90,8 +89,6 @@ KEY_VISION_N_EXPERT_USED = "clip.vision.expert_used_count"
 KEY_SAM_N_HEAD = "clip.vision.sam.head_count"
 KEY_SAM_N_BLOCK = "clip.vision.sam.block_count"
 KEY_SAM_N_EMBD = "clip.vision.sam.embedding_length"
-KEY_IMAGE_MIN_PIXELS = "clip.vision.image_min_pixels"
-KEY_IMAGE_MAX_PIXELS = "clip.vision.image_max_pixels"
 
 # clip-impl.h: tensor names
 TN_POS_EMBD = "%s.position_embd.weight"
@@ -198,8 +195,6 @@ TN_MM_GATE = "mm.gate.%s"
 TN_MM_DOWN = "mm.down.%s"
 TN_MM_POST_NORM = "mm.post_norm.%s"
 TN_TOK_IMG_BREAK = "v.token_embd.img_break"
-TN_TOK_BOI = "v.boi"
-TN_TOK_EOI = "v.eoi"
 TN_STD_BIAS = "v.std_bias"
 TN_STD_SCALE = "v.std_scale"
 TN_MM_SOFT_EMB_N = "mm.soft_emb_norm.weight"
@@ -275,7 +270,6 @@ TN_MM_NORM_MID = "mm.a.norm_mid.%s"
 TN_DEEPSTACK_NORM = "v.deepstack.%d.norm.%s"
 TN_DEEPSTACK_FC1 = "v.deepstack.%d.fc1.%s"
 TN_DEEPSTACK_FC2 = "v.deepstack.%d.fc2.%s"
-TN_IMAGE_NEWLINE = "v.image_newline"
 TN_IMAGE_SEPERATOR = "v.view_seperator"
 TN_MM_PRE_NORM = "mm.pre_norm.%s"
 TN_MM_IMG_BEGIN = "mm.image_begin"
@@ -293,19 +287,6 @@ TN_YASA_STAGE_DOWN_CONV = "v.stage.%d.down.conv.%s"
 TN_YASA_STAGE_BLK = "v.stage.%d.blk.%d.%s.%s"
 TN_MM_MERGER_FC1 = "mm.merger.fc1.%s"
 TN_MM_MERGER_FC2 = "mm.merger.fc2.%s"
-TN_QF_SELF_ATTN_Q = "%s.proj_blk.%d.self_attn_q.%s"
-TN_QF_SELF_ATTN_K = "%s.proj_blk.%d.self_attn_k.%s"
-TN_QF_SELF_ATTN_V = "%s.proj_blk.%d.self_attn_v.%s"
-TN_QF_SELF_ATTN_O = "%s.proj_blk.%d.self_attn_out.%s"
-TN_QF_SELF_ATTN_N = "%s.proj_blk.%d.self_attn_norm.%s"
-TN_QF_CROSS_ATTN_Q = "%s.proj_blk.%d.cross_attn_q.%s"
-TN_QF_CROSS_ATTN_K = "%s.proj_blk.%d.cross_attn_k.%s"
-TN_QF_CROSS_ATTN_V = "%s.proj_blk.%d.cross_attn_v.%s"
-TN_QF_CROSS_ATTN_O = "%s.proj_blk.%d.cross_attn_out.%s"
-TN_QF_CROSS_ATTN_N = "%s.proj_blk.%d.cross_attn_norm.%s"
-TN_QF_FFN_UP = "%s.proj_blk.%d.ffn_up.%s"
-TN_QF_FFN_DOWN = "%s.proj_blk.%d.ffn_down.%s"
-TN_QF_FFN_NORM = "%s.proj_blk.%d.ffn_norm.%s"
 TN_SAM_POS_EMBD = "v.sam.pos_embd.%s"
 TN_SAM_PATCH_EMBD = "v.sam.patch_embd.%s"
 TN_SAM_PRE_NORM = "v.sam.blk.%d.pre_ln.%s"
@@ -324,6 +305,70 @@ TN_MULTI_PROJ_QUERY = "%s.proj_blk.%d.query"
 TN_MULTI_PROJ_LINEAR = "%s.proj_blk.%d.linear.%s"
 TN_MULTI_PROJ_NORM = "%s.proj_blk.%d.norm.%s"
 TN_MULTI_PROJ_POST_NORM = "%s.proj_blk.%d.post_norm.%s"
+TN_A_SE_CONV1 = "a.blk.%d.se_conv1.%s"
+TN_A_SE_CONV2 = "a.blk.%d.se_conv2.%s"
+TN_A_CONV_RES2 = "a.blk.%d.res2.%d.%s"
+TN_A_ASP_ATTN = "a.asp_attn.%s"
+TN_A_ASP_TDNN = "a.asp_tdnn.%s"
+TN_A_GEN_CODE_PROJ_IN = "a.gen.code.proj_in.%s"
+TN_A_GEN_CODE_EMBD = "a.gen.code.embd.%s"
+TN_A_GEN_CODE_HEAD = "a.gen.code.head.%s"
+TN_A_GEN_CODE_OUT_EMBD = "a.gen.code.out_embd.%s"
+TN_A_GEN_CODE_NORM = "a.gen.code.output_norm.%s"
+TN_A_GEN_WAV_QUANT_FIRST_IN = "a.gen.wav.quant.first.in_proj.%s"
+TN_A_GEN_WAV_QUANT_FIRST_OUT = "a.gen.wav.quant.first.out_proj.%s"
+TN_A_GEN_WAV_QUANT_FIRST_CB = "a.gen.wav.quant.first.codebook.%s"
+TN_A_GEN_WAV_QUANT_REST_IN = "a.gen.wav.quant.rest.in_proj.%s"
+TN_A_GEN_WAV_QUANT_REST_OUT = "a.gen.wav.quant.rest.out_proj.%s"
+TN_A_GEN_WAV_QUANT_REST_CB = "a.gen.wav.quant.rest.codebook.%s"
+TN_A_GEN_WAV_PRE_CONV = "a.gen.wav.pre_conv.%s"
+TN_A_GEN_WAV_TFM_IN_PROJ = "a.gen.wav.tfm.in_proj.%s"
+TN_A_GEN_WAV_TFM_OUT_PROJ = "a.gen.wav.tfm.out_proj.%s"
+TN_A_GEN_WAV_TFM_OUT_NORM = "a.gen.wav.tfm.output_norm.%s"
+TN_A_GEN_WAV_UP_CONV = "a.gen.wav.up.blk.%d.conv.%s"
+TN_A_GEN_WAV_UP_DWCONV = "a.gen.wav.up.blk.%d.dwconv.%s"
+TN_A_GEN_WAV_UP_NORM = "a.gen.wav.up.blk.%d.norm.%s"
+TN_A_GEN_WAV_UP_PW1 = "a.gen.wav.up.blk.%d.pw1.%s"
+TN_A_GEN_WAV_UP_PW2 = "a.gen.wav.up.blk.%d.pw2.%s"
+TN_A_GEN_WAV_UP_GAMMA = "a.gen.wav.up.blk.%d.gamma"
+TN_A_GEN_WAV_DAC_ENTRY = "a.gen.wav.dac.entry.%s"
+TN_A_GEN_WAV_DAC_SNAKE = "a.gen.wav.dac.blk.%d.snake.%s"
+TN_A_GEN_WAV_DAC_CONV = "a.gen.wav.dac.blk.%d.conv.%s"
+TN_A_GEN_WAV_DAC_RES_ACT1 = "a.gen.wav.dac.blk.%d.res.%d.act1.%s"
+TN_A_GEN_WAV_DAC_RES_CONV1 = "a.gen.wav.dac.blk.%d.res.%d.conv1.%s"
+TN_A_GEN_WAV_DAC_RES_ACT2 = "a.gen.wav.dac.blk.%d.res.%d.act2.%s"
+TN_A_GEN_WAV_DAC_RES_CONV2 = "a.gen.wav.dac.blk.%d.res.%d.conv2.%s"
+TN_A_GEN_WAV_DAC_POST_SNAKE = "a.gen.wav.dac.post_snake.%s"
+TN_A_GEN_WAV_DAC_POST_CONV = "a.gen.wav.dac.post_conv.%s"
+TN_A_SEANET_CONV_IN = "a.seanet.conv_in.%s"
+TN_A_SEANET_CONV_OUT = "a.seanet.conv_out.%s"
+TN_A_SEANET_RES_CONV1 = "a.seanet.blk.%d.res_conv1.%s"
+TN_A_SEANET_RES_CONV2 = "a.seanet.blk.%d.res_conv2.%s"
+TN_A_SEANET_SCALE_CONV = "a.seanet.blk.%d.scale_conv.%s"
+TN_A_SPEAKER_PROJ = "a.speaker_proj.%s"
+TN_A_GEN_FLOW_INPUT_PROJ = "a.gen.flow.input_proj.%s"
+TN_A_GEN_FLOW_COND_EMBD = "a.gen.flow.cond_embd.%s"
+TN_A_GEN_FLOW_TIME_FREQS = "a.gen.flow.time.%d.freqs"
+TN_A_GEN_FLOW_TIME_UP = "a.gen.flow.time.%d.up.%s"
+TN_A_GEN_FLOW_TIME_DOWN = "a.gen.flow.time.%d.down.%s"
+TN_A_GEN_FLOW_TIME_NORM = "a.gen.flow.time.%d.norm"
+TN_A_GEN_FLOW_BLK_NORM = "a.gen.flow.blk.%d.norm.%s"
+TN_A_GEN_FLOW_BLK_UP = "a.gen.flow.blk.%d.up.%s"
+TN_A_GEN_FLOW_BLK_DOWN = "a.gen.flow.blk.%d.down.%s"
+TN_A_GEN_FLOW_BLK_ADA = "a.gen.flow.blk.%d.ada.%s"
+TN_A_GEN_FLOW_FINAL_ADA = "a.gen.flow.final.ada.%s"
+TN_A_GEN_FLOW_FINAL_PROJ = "a.gen.flow.final.proj.%s"
+TN_A_GEN_OUT_EOS = "a.gen.out_eos.%s"
+TN_A_GEN_INPUT_LINEAR = "a.gen.input_linear.%s"
+TN_A_GEN_EMB_MEAN = "a.gen.emb_mean"
+TN_A_GEN_EMB_STD = "a.gen.emb_std"
+TN_A_GEN_WAV_QUANT_OUT = "a.gen.wav.quant_out.%s"
+TN_A_GEN_WAV_UPSAMPLE = "a.gen.wav.upsample.%s"
+TN_A_GEN_WAV_SEANET_CONV_IN = "a.gen.wav.seanet.conv_in.%s"
+TN_A_GEN_WAV_SEANET_CONV_OUT = "a.gen.wav.seanet.conv_out.%s"
+TN_A_GEN_WAV_SEANET_RES_CONV1 = "a.gen.wav.seanet.blk.%d.res_conv1.%s"
+TN_A_GEN_WAV_SEANET_RES_CONV2 = "a.gen.wav.seanet.blk.%d.res_conv2.%s"
+TN_A_GEN_WAV_SEANET_SCALE_CONV = "a.gen.wav.seanet.blk.%d.scale_conv.%s"
 
 # clip-impl.h PROJECTOR_TYPE_NAMES: every type llama.cpp knows, by its GGUF name
 PROJECTOR_TYPE_NAMES = (
@@ -379,12 +424,18 @@ GRAPH_BUILDERS = {
     "mimo_audio": "mimo_audio",
     "parakeet": "parakeet",
     "granite_speech": "granite_speech",
+    "qwen3tts_spkenc": "qwen3tts_spkenc",
+    "pockettts_spkenc": "pockettts_spkenc",
 }
 
 # the known types clip_model_loader::load_hparams has no case for: it reads the common keys, then
 # throws "unknown vision projector type" (Gemma 3n's audio encoder: a Gemma 3n file's vision
 # encoder, gemma3nv, makes clip_init skip it)
 NO_HPARAMS_TYPES = frozenset({"gemma3na"})
+
+# the gen-audio types planned: clip_init loads their weights and reserves nothing for them (its
+# "TODO: fix warmup": no warm-up graph, so no builder here)
+GEN_AUDIO_TYPES = frozenset({"qwen3tts_gen", "pockettts_gen"})
 
 # clip_modality
 MODALITY_VISION, MODALITY_AUDIO, MODALITY_GEN_AUDIO = "vision", "audio", "gen.audio"
@@ -453,10 +504,8 @@ class ClipHparams:
 
     def is_feature_layer(self, layer: int) -> bool:
         return layer in self.feature_layers
-    attn_window_size: int = 0
     rvq_num_quantizers: int = 0
     rvq_codebook_size: list[int] = field(default_factory=list)
-    wa_pattern_mode: list[int] = field(default_factory=list)
     audio_local_n_layer: int = 0
     audio_local_group_size: int = 0
     subsampling_factor: int = 0
@@ -468,6 +517,14 @@ class ClipHparams:
     audio_proj_head_count: int = 0
     n_mel_filters: int = 0          # parakeet's a.mel_filters and a.window: their f32 values (get_vector)
     n_window: int = 0
+    wav_tfm_n_layer: int = 0
+    wav_upsample_n_block: int = 0
+    wav_dac_n_block: int = 0
+    wav_dac_n_res: int = 0
+    seanet_ratios: list[int] = field(default_factory=list)
+    seanet_n_stage: int = 0
+    mimi_downsample: int = 0
+    mimi_tfm_context: int = 0
 
     def set_limit_image_tokens(self, n_tokens_min: int, n_tokens_max: int) -> None:
         patch_area = self.patch_size * self.patch_size * self.n_merge * self.n_merge
@@ -576,7 +633,6 @@ class ClipLayer:
     cross_attn_q_w: Optional[Tensor] = None
     rel_pos_h: Optional[Tensor] = None            # a SAM layer's relative positions
     rel_pos_w: Optional[Tensor] = None
-    cross_attn_q_w: Optional[Tensor] = None       # a QFormer layer's cross-attention (qf_block)
     cross_attn_q_b: Optional[Tensor] = None
     cross_attn_k_w: Optional[Tensor] = None
     cross_attn_k_b: Optional[Tensor] = None
@@ -586,6 +642,12 @@ class ClipLayer:
     cross_attn_o_b: Optional[Tensor] = None
     cross_attn_norm_w: Optional[Tensor] = None
     cross_attn_norm_b: Optional[Tensor] = None
+    se_conv1_w: Optional[Tensor] = None
+    se_conv1_b: Optional[Tensor] = None
+    se_conv2_w: Optional[Tensor] = None
+    se_conv2_b: Optional[Tensor] = None
+    res2_conv_w: list[Tensor] = field(default_factory=list)
+    res2_conv_b: list[Tensor] = field(default_factory=list)
 
     def has_deepstack(self) -> bool:
         return self.deepstack_fc1_w is not None
@@ -656,6 +718,24 @@ class Yasa2Stage:
     down_conv_w: Optional[Tensor] = None
     down_conv_b: Optional[Tensor] = None
     blocks: list[Yasa2Block] = field(default_factory=list)
+class ClipSeanetStage:
+    """clip_seanet::stage"""
+    res_conv1_w: Tensor
+    res_conv1_b: Tensor
+    res_conv2_w: Tensor
+    res_conv2_b: Tensor
+    scale_conv_w: Tensor
+    scale_conv_b: Tensor
+
+
+@dataclass
+class ClipSeanet:
+    """clip_seanet: mimi's SEANet convolution stack (encoder or decoder)"""
+    conv_in_w: Tensor
+    conv_in_b: Tensor
+    conv_out_w: Tensor
+    conv_out_b: Tensor
+    stages: list[ClipSeanetStage]
 
 
 @dataclass
@@ -740,7 +820,6 @@ class ClipModel:
     mm_model_mlp_0_b: Optional[Tensor] = None
     mm_model_mlp_1_b: Optional[Tensor] = None
     mm_model_mlp_2_b: Optional[Tensor] = None
-    mm_model_mlp_3_w: Optional[Tensor] = None
     mm_model_mlp_3_b: Optional[Tensor] = None
     mm_model_block_1_block_0_0_w: Optional[Tensor] = None
     mm_model_block_1_block_0_1_w: Optional[Tensor] = None
@@ -819,8 +898,6 @@ class ClipModel:
     mm_h_to_4h_w: Optional[Tensor] = None
     mm_gate_w: Optional[Tensor] = None
     mm_4h_to_h_w: Optional[Tensor] = None
-    mm_boi: Optional[Tensor] = None
-    mm_eoi: Optional[Tensor] = None
     # Gemma 4 audio's subsampling convs, their norms and projections
     sscp_conv_w: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
     sscp_conv_b: list[Optional[Tensor]] = field(default_factory=lambda: [None, None])
@@ -855,9 +932,7 @@ class ClipModel:
     mm_pre_norm_w: Optional[Tensor] = None
     mm_img_begin: Optional[Tensor] = None
     mm_img_end: Optional[Tensor] = None
-    image_newline: Optional[Tensor] = None
     view_seperator: Optional[Tensor] = None
-    qf_proj_blocks: list[QfBlock] = field(default_factory=list)
     token_embd_img_start: Optional[Tensor] = None   # DeepSeek-V4's sentinel rows
     token_embd_img_end: Optional[Tensor] = None
     token_embd_img_pad: Optional[Tensor] = None
@@ -885,6 +960,29 @@ class ClipModel:
     net_3: Optional[Tensor] = None
     resample_query_768: Optional[Tensor] = None
     resample_query_1024: Optional[Tensor] = None
+    spk_asp_attn_w: Optional[Tensor] = None
+    spk_asp_attn_b: Optional[Tensor] = None
+    spk_asp_tdnn_w: Optional[Tensor] = None
+    spk_asp_tdnn_b: Optional[Tensor] = None
+    gen_code_proj_in_w: Optional[Tensor] = None
+    gen_code_proj_in_b: Optional[Tensor] = None
+    gen_code_embd_w: Optional[Tensor] = None
+    gen_code_head_w: Optional[Tensor] = None
+    gen_code_out_embd_w: Optional[Tensor] = None
+    gen_code_norm_w: Optional[Tensor] = None
+    c2w: dict[str, Tensor] = field(default_factory=dict)   # clip_model.c2w (code2wav), by GGUF name: no graph reads it
+    seanet: Optional["ClipSeanet"] = None
+    downsample_w: Optional[Tensor] = None
+    spk_proj_w: Optional[Tensor] = None
+    flow: dict[str, Tensor] = field(default_factory=dict)  # clip_flow_net, by GGUF name: no graph reads it
+    gen_out_eos_w: Optional[Tensor] = None
+    gen_out_eos_b: Optional[Tensor] = None
+    gen_input_lin_w: Optional[Tensor] = None
+    gen_emb_mean: Optional[Tensor] = None
+    gen_emb_std: Optional[Tensor] = None
+    gen_quant_out_w: Optional[Tensor] = None
+    gen_upsample_w: Optional[Tensor] = None
+    gen_tfm_layers: list[ClipLayer] = field(default_factory=list)
 
     def audio_has_avgpool(self) -> bool:
         return self.proj_type in ("qwen2a", "voxtral", "musicflamingo")
@@ -1045,9 +1143,9 @@ class ClipModelLoader:
             self.fail(f"load_hparams: unknown projector type: {proj_type}")
         if proj_type == "qwen2.5o":    # the legacy name of Qwen2.5-Omni's two encoders
             proj_type = "qwen2.5vl_merger" if modality == MODALITY_VISION else "qwen2a"
-        if proj_type not in GRAPH_BUILDERS and proj_type not in NO_HPARAMS_TYPES:
+        if proj_type not in GRAPH_BUILDERS and proj_type not in NO_HPARAMS_TYPES and proj_type not in GEN_AUDIO_TYPES:
             raise UnsupportedModel(f"{self.path}: the multimodal projector type '{proj_type}' ({modality}) is not "
-                                   f"planned by schedplan yet (planned: {', '.join(sorted(GRAPH_BUILDERS))})")
+                                   f"planned by schedplan yet (planned: {', '.join(sorted(GRAPH_BUILDERS.keys() | GEN_AUDIO_TYPES))})")
         model.proj_type = proj_type
 
         prefix = modality
@@ -1385,6 +1483,21 @@ class ClipModelLoader:
                                else self.get_u32(KEY_WIN_ATTN_PATTERN, 0))
             hp.set_limit_image_tokens(8, 4096)
             hp.set_warmup_n_tokens(46 * 46)   # avoid OOM on warmup
+        elif proj_type == "qwen3tts_gen":
+            # clip.cpp's hard-coded code2wav sizes (the converter does not write them); the other
+            # constants set there (rope thetas, eps, the sliding window) only matter to graphs never built here
+            hp.wav_tfm_n_layer = 8
+            hp.wav_upsample_n_block = 2
+            hp.wav_dac_n_block = 4
+            hp.wav_dac_n_res = 3
+        elif proj_type in ("pockettts_spkenc", "pockettts_gen"):
+            # the mimi front-end convolves the raw waveform (no mel); the SEANet ratios [6, 5, 4] of the
+            # config, reversed by the encoder
+            hp.seanet_ratios = [4, 5, 6]
+            hp.seanet_n_stage = len(hp.seanet_ratios)
+            hp.mimi_downsample = 16
+            hp.mimi_tfm_context = 250    # the reference transformer's "context"
+            hp.rope_theta = 10000.0
 
         # sanity checks
         if hp.image_size < 0:
@@ -1436,6 +1549,19 @@ class ClipModelLoader:
             model.mm_1_b = get_tensor(TN_LLAVA_PROJ % (1, "bias"), bias_required)
             model.mm_2_w = get_tensor(TN_LLAVA_PROJ % (2, "weight"))
             model.mm_2_b = get_tensor(TN_LLAVA_PROJ % (2, "bias"), bias_required)
+
+        def load_seanet(is_decoder: bool) -> ClipSeanet:
+            """load_tensors' load_seanet: the encoder's (a.seanet) or the decoder's (a.gen.wav.seanet) convs"""
+            conv_in, conv_out, res1, res2, scale = (
+                (TN_A_GEN_WAV_SEANET_CONV_IN, TN_A_GEN_WAV_SEANET_CONV_OUT, TN_A_GEN_WAV_SEANET_RES_CONV1,
+                 TN_A_GEN_WAV_SEANET_RES_CONV2, TN_A_GEN_WAV_SEANET_SCALE_CONV) if is_decoder else
+                (TN_A_SEANET_CONV_IN, TN_A_SEANET_CONV_OUT, TN_A_SEANET_RES_CONV1, TN_A_SEANET_RES_CONV2,
+                 TN_A_SEANET_SCALE_CONV))
+            head = [get_tensor(conv_in % "weight"), get_tensor(conv_in % "bias"), get_tensor(conv_out % "weight"),
+                    get_tensor(conv_out % "bias")]
+            stages = [ClipSeanetStage(*(get_tensor(fmt % (i, suffix)) for fmt in (res1, res2, scale)
+                                        for suffix in ("weight", "bias"))) for i in range(hp.seanet_n_stage)]
+            return ClipSeanet(*head, stages)
 
         model.class_embedding = get_tensor(TN_CLASS_EMBD, False)
         model.pre_ln_w = get_tensor(TN_LN_PRE % (prefix, "weight"), False)
@@ -2173,6 +2299,112 @@ class ClipModelLoader:
             model.mm_img_end = get_tensor(TN_MM_IMG_END)
             model.image_newline = get_tensor(TN_IMAGE_NEWLINE)
             model.view_seperator = get_tensor(TN_IMAGE_SEPERATOR, False)
+        elif model.proj_type == "qwen3tts_spkenc":
+            model.conv1d_1_w = get_tensor(TN_CONV1D % (0, "weight"))    # the stem TDNN (block 0)
+            model.conv1d_1_b = get_tensor(TN_CONV1D % (0, "bias"))
+            # the SE-Res2Net blocks: GGUF bid 1..3, one per hparams.n_layer
+            model.layers = [ClipLayer() for _ in range(hp.n_layer)]
+            for il, layer in enumerate(model.layers):
+                bid = il + 1
+                layer.conv_pw1_w = get_tensor(TN_CONV_PW1 % (prefix, bid, "weight"))
+                layer.conv_pw1_b = get_tensor(TN_CONV_PW1 % (prefix, bid, "bias"))
+                layer.conv_pw2_w = get_tensor(TN_CONV_PW2 % (prefix, bid, "weight"))
+                layer.conv_pw2_b = get_tensor(TN_CONV_PW2 % (prefix, bid, "bias"))
+                layer.se_conv1_w = get_tensor(TN_A_SE_CONV1 % (bid, "weight"))
+                layer.se_conv1_b = get_tensor(TN_A_SE_CONV1 % (bid, "bias"))
+                layer.se_conv2_w = get_tensor(TN_A_SE_CONV2 % (bid, "weight"))
+                layer.se_conv2_b = get_tensor(TN_A_SE_CONV2 % (bid, "bias"))
+                for xid in range(7):
+                    layer.res2_conv_w.append(get_tensor(TN_A_CONV_RES2 % (bid, xid, "weight")))
+                    layer.res2_conv_b.append(get_tensor(TN_A_CONV_RES2 % (bid, xid, "bias")))
+            model.conv_out_w = get_tensor(TN_CONV_OUT % "weight")      # multi-layer feature aggregation
+            model.conv_out_b = get_tensor(TN_CONV_OUT % "bias")
+            model.spk_asp_attn_w = get_tensor(TN_A_ASP_ATTN % "weight")  # attentive statistics pooling
+            model.spk_asp_attn_b = get_tensor(TN_A_ASP_ATTN % "bias")
+            model.spk_asp_tdnn_w = get_tensor(TN_A_ASP_TDNN % "weight")
+            model.spk_asp_tdnn_b = get_tensor(TN_A_ASP_TDNN % "bias")
+            model.mm_fc_w = get_tensor(TN_MM_AUDIO_FC % "weight")      # the speaker embedding projection
+            model.mm_fc_b = get_tensor(TN_MM_AUDIO_FC % "bias")
+        elif model.proj_type == "qwen3tts_gen":
+            # the code predictor; proj_in is absent when the talker and the predictor share the hidden size
+            model.gen_code_proj_in_w = get_tensor(TN_A_GEN_CODE_PROJ_IN % "weight", False)
+            model.gen_code_proj_in_b = get_tensor(TN_A_GEN_CODE_PROJ_IN % "bias", False)
+            model.gen_code_embd_w = get_tensor(TN_A_GEN_CODE_EMBD % "weight")
+            model.gen_code_head_w = get_tensor(TN_A_GEN_CODE_HEAD % "weight")
+            model.gen_code_out_embd_w = get_tensor(TN_A_GEN_CODE_OUT_EMBD % "weight")
+            model.gen_code_norm_w = get_tensor(TN_A_GEN_CODE_NORM % "weight")
+            # code2wav (RVQ codes to PCM) in the same context, in clip.cpp's load order
+            names = [TN_A_GEN_WAV_QUANT_FIRST_IN % "weight", TN_A_GEN_WAV_QUANT_FIRST_OUT % "weight",
+                     TN_A_GEN_WAV_QUANT_FIRST_CB % "weight", TN_A_GEN_WAV_QUANT_REST_IN % "weight",
+                     TN_A_GEN_WAV_QUANT_REST_OUT % "weight", TN_A_GEN_WAV_QUANT_REST_CB % "weight",
+                     TN_A_GEN_WAV_PRE_CONV % "weight", TN_A_GEN_WAV_PRE_CONV % "bias",
+                     TN_A_GEN_WAV_TFM_IN_PROJ % "weight", TN_A_GEN_WAV_TFM_IN_PROJ % "bias",
+                     TN_A_GEN_WAV_TFM_OUT_PROJ % "weight", TN_A_GEN_WAV_TFM_OUT_PROJ % "bias",
+                     TN_A_GEN_WAV_TFM_OUT_NORM % "weight"]
+            tfm = "a.gen.wav.tfm"
+            for il in range(hp.wav_tfm_n_layer):
+                names += [fmt % (tfm, il, "weight") for fmt in (TN_ATTN_Q, TN_ATTN_K, TN_ATTN_V, TN_ATTN_OUTPUT, TN_LN_1,
+                                                                 TN_LN_2, TN_LS_1, TN_LS_2, TN_FFN_GATE, TN_FFN_UP,
+                                                                 TN_FFN_DOWN)]
+            for il in range(hp.wav_upsample_n_block):
+                for fmt in (TN_A_GEN_WAV_UP_CONV, TN_A_GEN_WAV_UP_DWCONV, TN_A_GEN_WAV_UP_NORM, TN_A_GEN_WAV_UP_PW1,
+                            TN_A_GEN_WAV_UP_PW2):
+                    names += [fmt % (il, "weight"), fmt % (il, "bias")]
+                names.append(TN_A_GEN_WAV_UP_GAMMA % il)
+            names += [TN_A_GEN_WAV_DAC_ENTRY % "weight", TN_A_GEN_WAV_DAC_ENTRY % "bias"]
+            for il in range(hp.wav_dac_n_block):
+                names += [TN_A_GEN_WAV_DAC_SNAKE % (il, "alpha"), TN_A_GEN_WAV_DAC_SNAKE % (il, "beta"),
+                          TN_A_GEN_WAV_DAC_CONV % (il, "weight"), TN_A_GEN_WAV_DAC_CONV % (il, "bias")]
+                for ir in range(hp.wav_dac_n_res):
+                    names += [TN_A_GEN_WAV_DAC_RES_ACT1 % (il, ir, "alpha"), TN_A_GEN_WAV_DAC_RES_ACT1 % (il, ir, "beta"),
+                              TN_A_GEN_WAV_DAC_RES_CONV1 % (il, ir, "weight"), TN_A_GEN_WAV_DAC_RES_CONV1 % (il, ir, "bias"),
+                              TN_A_GEN_WAV_DAC_RES_ACT2 % (il, ir, "alpha"), TN_A_GEN_WAV_DAC_RES_ACT2 % (il, ir, "beta"),
+                              TN_A_GEN_WAV_DAC_RES_CONV2 % (il, ir, "weight"), TN_A_GEN_WAV_DAC_RES_CONV2 % (il, ir, "bias")]
+            names += [TN_A_GEN_WAV_DAC_POST_SNAKE % "alpha", TN_A_GEN_WAV_DAC_POST_SNAKE % "beta",
+                      TN_A_GEN_WAV_DAC_POST_CONV % "weight", TN_A_GEN_WAV_DAC_POST_CONV % "bias"]
+            model.c2w = {name: get_tensor(name) for name in names}
+        elif model.proj_type == "pockettts_spkenc":
+            model.seanet = load_seanet(False)
+            model.downsample_w = get_tensor(TN_A_DOWNSAMPLE_CONV % "weight")
+            model.spk_proj_w = get_tensor(TN_A_SPEAKER_PROJ % "weight")
+        elif model.proj_type == "pockettts_gen":
+            names = [fmt % suffix for fmt in (TN_A_GEN_FLOW_INPUT_PROJ, TN_A_GEN_FLOW_COND_EMBD, TN_A_GEN_FLOW_FINAL_ADA,
+                                              TN_A_GEN_FLOW_FINAL_PROJ) for suffix in ("weight", "bias")]
+            for i in range(2):
+                names += [TN_A_GEN_FLOW_TIME_FREQS % i, TN_A_GEN_FLOW_TIME_UP % (i, "weight"), TN_A_GEN_FLOW_TIME_UP % (i, "bias"),
+                          TN_A_GEN_FLOW_TIME_DOWN % (i, "weight"), TN_A_GEN_FLOW_TIME_DOWN % (i, "bias"),
+                          TN_A_GEN_FLOW_TIME_NORM % i]
+            model.flow = {name: get_tensor(name) for name in names}
+            # one AdaLN block per flow depth, the count known only from the tensors
+            il = 0
+            while (probe := get_tensor(TN_A_GEN_FLOW_BLK_NORM % (il, "weight"), False)) is not None:
+                model.flow[probe.name] = probe
+                for name in (TN_A_GEN_FLOW_BLK_NORM % (il, "bias"), TN_A_GEN_FLOW_BLK_UP % (il, "weight"),
+                             TN_A_GEN_FLOW_BLK_UP % (il, "bias"), TN_A_GEN_FLOW_BLK_DOWN % (il, "weight"),
+                             TN_A_GEN_FLOW_BLK_DOWN % (il, "bias"), TN_A_GEN_FLOW_BLK_ADA % (il, "weight"),
+                             TN_A_GEN_FLOW_BLK_ADA % (il, "bias")):
+                    model.flow[name] = get_tensor(name)
+                il += 1
+            model.gen_out_eos_w = get_tensor(TN_A_GEN_OUT_EOS % "weight")
+            model.gen_out_eos_b = get_tensor(TN_A_GEN_OUT_EOS % "bias")
+            model.gen_input_lin_w = get_tensor(TN_A_GEN_INPUT_LINEAR % "weight")
+            model.gen_emb_mean = get_tensor(TN_A_GEN_EMB_MEAN)
+            model.gen_emb_std = get_tensor(TN_A_GEN_EMB_STD)
+            # the mimi decoder
+            model.gen_quant_out_w = get_tensor(TN_A_GEN_WAV_QUANT_OUT % "weight")
+            model.gen_upsample_w = get_tensor(TN_A_GEN_WAV_UPSAMPLE % "weight")
+            model.seanet = load_seanet(True)
+            model.gen_tfm_layers = [ClipLayer() for _ in range(hp.n_layer)]
+            for il, layer in enumerate(model.gen_tfm_layers):
+                def g(fmt: str, suffix: str) -> Tensor:
+                    return get_tensor(fmt % ("a.gen.wav.tfm", il, suffix))
+                layer.ln_1_w, layer.ln_1_b = g(TN_LN_1, "weight"), g(TN_LN_1, "bias")
+                layer.q_w, layer.k_w, layer.v_w = g(TN_ATTN_Q, "weight"), g(TN_ATTN_K, "weight"), g(TN_ATTN_V, "weight")
+                layer.o_w = g(TN_ATTN_OUTPUT, "weight")
+                layer.ls_1_w = g(TN_LS_1, "weight")
+                layer.ln_2_w, layer.ln_2_b = g(TN_LN_2, "weight"), g(TN_LN_2, "bias")
+                layer.ff_up_w, layer.ff_down_w = g(TN_FFN_UP, "weight"), g(TN_FFN_DOWN, "weight")
+                layer.ls_2_w = g(TN_LS_2, "weight")
         elif model.proj_type == "llama4":
             model.mm_model_proj = get_tensor(TN_MM_PROJECTOR % "weight")
             model.mm_model_mlp_1_w = get_tensor(TN_MVLM_PROJ_MLP % (1, "weight"))
@@ -2285,6 +2517,14 @@ def clip_n_mmproj_embd(model: ClipModel) -> int:
         return model.mm_model_proj.ne[1]
     if p in ("glm4v", "glm5v"):
         return model.mm_ffn_down_w.ne[1]
+    if p == "qwen3tts_spkenc":
+        return model.mm_fc_w.ne[2]
+    if p == "qwen3tts_gen":
+        return model.gen_code_out_embd_w.ne[0]
+    if p == "pockettts_spkenc":
+        return model.spk_proj_w.ne[1]
+    if p == "pockettts_gen":
+        return model.gen_input_lin_w.ne[1]
     raise AssertionError(f"clip_n_mmproj_embd: {p} is in GRAPH_BUILDERS but not here")
 
 
@@ -2741,9 +2981,10 @@ def warmup(ctx: ClipCtx) -> None:
 
 @dataclass
 class ClipInitResult:
-    """clip_init_result: the vision and audio contexts (gen-audio is not planned)."""
+    """clip_init_result: the vision, audio and audio-generation contexts."""
     ctx_v: Optional[ClipCtx]
     ctx_a: Optional[ClipCtx]
+    ctx_gen_a: Optional[ClipCtx]
     path: str
 
 
@@ -2766,6 +3007,11 @@ def clip_init(path: str, devices: list[Backend], cparams: ClipContextParams, use
         graph_builder(ctx_a, *warmup_size(ctx_a))
         if cparams.warmup:
             warmup(ctx_a)
+    ctx_gen_a = None
     if loader.has_gen_audio:
-        raise NotImplementedError(f"{path}: the projector's audio generation encoder is not planned yet")
-    return ClipInitResult(ctx_v, ctx_a, path)
+        # clip_init: the weights loaded, no init_ctx and no warm-up ("TODO: fix warmup"): no compute buffer
+        model = ClipModel()
+        ctx_gen_a = new_clip_ctx(devices, cparams, model)
+        loader.load_hparams(model, MODALITY_GEN_AUDIO)
+        loader.load_tensors(ctx_gen_a)
+    return ClipInitResult(ctx_v, ctx_a, ctx_gen_a, path)

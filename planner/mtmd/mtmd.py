@@ -25,6 +25,9 @@ class MmprojPlan:
     path: str
     devices: list[Backend]          # ggml's device registry, in order (the --fit target of device i is target i)
     contexts: list[tuple[str, ClipCtx]]   # ("vision" / "audio", its clip_ctx)
+    # the audio-generation context (qwen3tts_gen): its weights are allocated on its device, but
+    # mtmd_get_memory_usage merges only ctx_v and ctx_a, so they are not in memory_usage()
+    ctx_gen_a: Optional[ClipCtx] = None
 
     def memory_usage(self) -> dict[str, int]:
         """mtmd_get_memory_usage: bytes per device name (clip_get_mem_usage of each context, summed)."""
@@ -33,6 +36,15 @@ class MmprojPlan:
             for part in (ctx.mem_usage, ctx.mem_compute):
                 for dev, size in part.items():
                     total[dev] = total.get(dev, 0) + size
+        return total
+
+    def allocated(self) -> dict[str, int]:
+        """What loading the projector for real allocates per device name: memory_usage() and the
+        gen-audio context's weights, which mtmd_get_memory_usage leaves out."""
+        total = self.memory_usage()
+        if self.ctx_gen_a is not None:
+            for dev, size in self.ctx_gen_a.mem_usage.items():
+                total[dev] = total.get(dev, 0) + size
         return total
 
     def n_embd(self) -> int:
@@ -49,7 +61,14 @@ class MmprojPlan:
                              "weights": {ctx.weights.buft.name: sum(ctx.mem_usage.values())},
                              "compute_buffers": dict(ctx.compute_buffers), "nodes": ctx.n_nodes,
                              "splits": ctx.n_splits})
-        return {"path": self.path, "encoders": encoders, "memory_usage": self.memory_usage()}
+        out = {"path": self.path, "encoders": encoders, "memory_usage": self.memory_usage()}
+        if self.ctx_gen_a is not None:
+            g = self.ctx_gen_a
+            out["gen_audio"] = {"projector_type": g.model.proj_type, "device": g.backend.device_name,
+                                "n_embd": clip_n_mmproj_embd(g.model),
+                                "weights": {g.weights.buft.name: sum(g.mem_usage.values())},
+                                "counted_in_memory_usage": False}
+        return out
 
 
 def _warmup(ctx: ClipCtx) -> list[int]:
@@ -82,7 +101,7 @@ def mtmd_get_memory_usage(params: Params, mmproj: MmprojParams) -> MmprojPlan:
         init_vision(mmproj.path, res.ctx_v)
     if res.ctx_a is not None:
         init_audio(res.ctx_a)
-    return MmprojPlan(mmproj.path, devices, contexts)
+    return MmprojPlan(mmproj.path, devices, contexts, res.ctx_gen_a)
 
 
 def init_vision(path: str, ctx_v: ClipCtx) -> None:
@@ -115,3 +134,9 @@ def check_n_embd(plan: MmprojPlan, model_path: str, n_embd_inp: int) -> None:
         raise UnsupportedModel(f"{plan.path}: llama.cpp would fail to load the multimodal projector for {model_path}: "
                                f"mismatch between text model (n_embd = {n_embd_inp}) and mmproj (n_embd = "
                                f"{n_embd_clip}); a projector of another model?")
+    if plan.ctx_gen_a is not None:
+        n_embd_gen = clip_n_mmproj_embd(plan.ctx_gen_a.model)
+        if n_embd_inp != n_embd_gen:
+            raise UnsupportedModel(f"{plan.path}: llama.cpp would fail to load the multimodal projector for {model_path}: "
+                                   f"mismatch between text model (n_embd = {n_embd_inp}) and gen-audio mmproj (n_embd = "
+                                   f"{n_embd_gen}); a projector of another model?")

@@ -4,8 +4,8 @@ chooses), the shared graph builders (clip_graph: build_vit, build_attn, build_ff
 warm-up reservation clip_init makes, whose per-device sizes mtmd_get_memory_usage reports.
 
 The projector's graph builders live in planner/mtmd/models/<name>.py beside
-tools/mtmd/models/<name>.cpp. A projector type llama.cpp knows but schedplan does not plan yet is
-refused in one line naming it; one llama.cpp does not know is refused as clip.cpp refuses it.
+tools/mtmd/models/<name>.cpp. Every projector type llama.cpp knows is planned but gemma3na, which
+clip.cpp itself refuses (NO_HPARAMS_TYPES); one llama.cpp does not know is refused as clip.cpp refuses it.
 """
 from __future__ import annotations
 
@@ -718,6 +718,9 @@ class Yasa2Stage:
     down_conv_w: Optional[Tensor] = None
     down_conv_b: Optional[Tensor] = None
     blocks: list[Yasa2Block] = field(default_factory=list)
+
+
+@dataclass
 class ClipSeanetStage:
     """clip_seanet::stage"""
     res_conv1_w: Tensor
@@ -1143,9 +1146,6 @@ class ClipModelLoader:
             self.fail(f"load_hparams: unknown projector type: {proj_type}")
         if proj_type == "qwen2.5o":    # the legacy name of Qwen2.5-Omni's two encoders
             proj_type = "qwen2.5vl_merger" if modality == MODALITY_VISION else "qwen2a"
-        if proj_type not in GRAPH_BUILDERS and proj_type not in NO_HPARAMS_TYPES and proj_type not in GEN_AUDIO_TYPES:
-            raise UnsupportedModel(f"{self.path}: the multimodal projector type '{proj_type}' ({modality}) is not "
-                                   f"planned by schedplan yet (planned: {', '.join(sorted(GRAPH_BUILDERS.keys() | GEN_AUDIO_TYPES))})")
         model.proj_type = proj_type
 
         prefix = modality

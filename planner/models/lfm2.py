@@ -41,6 +41,16 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
         layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
         layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
         load_operator_tensors(c, layer, i)
+    load_dense_out_tensors(c, model)
+
+
+def load_dense_out_tensors(c: TensorCreator, model: Model) -> None:
+    """LFM2-ColBert-350M's projection of the embeddings to n_embd_out, after the layers (lfm2 and
+    lfm2moe create the same; build_dense_out applies it)."""
+    hp = model.hparams
+    model.dense_2_out_layers = c.create_tensor(tn("DENSE_2_OUT", "weight"), (hp.n_embd, hp.n_embd_out()),
+                                               TENSOR_NOT_REQUIRED)
+    model.dense_2_out_layers_b = c.create_tensor(tn("DENSE_2_OUT", "bias"), (hp.n_embd_out(),), TENSOR_NOT_REQUIRED)
 
 
 def load_embd_output_tensors(c: TensorCreator, model: Model) -> None:
@@ -111,9 +121,10 @@ def build(g: GraphContext) -> None:
     cur = g.build_norm(cur, model.output_norm, None, LLM_NORM_RMS, -1)
     g.cb(cur, "result_norm", -1)
     g.t_embd = cur
-    cur = g.build_lora_mm(model.output, cur)
-    g.cb(cur, "result_output", -1)
-    g.t_logits = cur
+    if not g.cparams.embeddings:   # with embeddings the graph ends at result_norm (src/models/lfm2.cpp)
+        cur = g.build_lora_mm(model.output, cur)
+        g.cb(cur, "result_output", -1)
+        g.t_logits = cur
     ggml.build_forward_expand(g.gf, cur)
 
 

@@ -47,3 +47,4 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
             layer.ffn_down = c.create_tensor(tn("FFN_DOWN", "weight", i), (n_ff, n_embd))
             layer.ffn_up = c.create_tensor(tn("FFN_UP", "weight", i), (n_embd, n_ff))
         lfm2.load_operator_tensors(c, layer, i)
+    lfm2.load_dense_out_tensors(c, model)

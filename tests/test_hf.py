@@ -4,6 +4,7 @@ the Hub's API, and planned from its header alone. A loopback server fakes the Hu
 and tree, and the files under /USER/MODEL/resolve/COMMIT/ with Range support."""
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 
@@ -96,7 +97,8 @@ class HubHandler(Handler):
             if self.path == f"/api/models/{repo}/tree/{COMMIT}?recursive=true":
                 dirs = sorted({p.rsplit("/", 1)[0] for p in files if "/" in p})
                 return self._json(200, [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in dirs]
-                                  + [{"type": "file", "oid": "1" * 40, "size": 1, "path": p} for p in files])
+                                  + [{"type": "file", "oid": hashlib.sha1(p.encode()).hexdigest(), "size": 1, "path": p}
+                                     for p in files])   # llama.cpp keeps blobs by oid: one per file
         self._json(404, {"error": "Repository not found"})
 
 
@@ -354,3 +356,36 @@ def test_fit_ranks_several_repositories(hub):
     res = invoke("fit", "--device", "cuda:64MiB:cc=8.9", "--json", "--", "llama-server", "-hf", "u/m", "-fitt", "0",
                  "-c", "2048")
     assert json.loads(res.stdout)["args"] == rows["u/m"]["args"]
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary():
+    """The reference build's llama-server, found before `hub` moves XDG_CACHE_HOME (where the build lives)."""
+    from fixtures.server_fit_golden import binary
+    return binary()
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("devices", [(20, 20), (14, 14, 14)], ids=["20_20MiB", "14_14_14MiB"])
+def test_fit_hf_equals_the_real_llama_server_hf(llama_server_binary, hub, tmp_path, monkeypatch, devices):
+    """`fit -- llama-server -hf REPO:TAG` against the real llama-server given the same command: the
+    server downloads the model its tag picks and the repository's mmproj-*.gguf from the same fake
+    Hub (HF_ENDPOINT), then fits them on RPC servers reporting the budgets; schedplan plans the
+    same files from their headers and must choose as the server did (targets, context, each layer's
+    device, the projector's bytes)."""
+    from fixtures.server_fit_golden import MiB as MIB, parse_log, run_server
+    from schedplan.backends.rpc_server import rpc_servers
+    from schedplan.cli.fit import fit
+    from test_server_fit import check
+
+    hub.add("u/vl", REPO)
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "llama-cache"))   # llama-server's download cache
+    flags = ["-hf", "u/vl:Q8_0", "-fitt", "4"]
+    with rpc_servers(len(devices), memory=[(d * MIB, (d + 2048) * MIB) for d in devices]) as endpoints:
+        rpc = ["--rpc", ",".join(endpoints)]
+        real = parse_log(run_server([str(llama_server_binary), *rpc, *flags, "--fit", "on", "-v", "--host", "127.0.0.1",
+                                     "--port", "0"]))
+        res = CliRunner().invoke(fit, ["--device", "none", "--json", "--", "llama-server", *rpc, *flags])
+    assert real["fit"] is not None and real["mmproj_added"], real    # the server fitted, with the projector
+    assert res.exit_code in (0, 1), res.output
+    check(json.loads(res.stdout), real)

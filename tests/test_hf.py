@@ -388,4 +388,4 @@ def test_fit_hf_equals_the_real_llama_server_hf(llama_server_binary, hub, tmp_pa
         res = CliRunner().invoke(fit, ["--device", "none", "--json", "--", "llama-server", *rpc, *flags])
     assert real["fit"] is not None and real["mmproj_added"], real    # the server fitted, with the projector
     assert res.exit_code in (0, 1), res.output
-    check(json.loads(res.stdout), real)
+    check(json.loads(res.stdout), real, {"projector": "mmproj-model-f16.gguf"})   # -hf loads the repository's

@@ -6,7 +6,6 @@ warm-up image is one 1024x1024 row tile)."""
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 from ... import ggml
 from ..clip import FFN_GELU_QUICK, FLASH_ATTN_ENABLED, NORM_TYPE_NORMAL, ClipGraph, set_name

@@ -40,6 +40,7 @@ from typing import Optional
 
 from ..planner import LLAMA_CPP_COMMIT
 from ..planner.ggml import type_by_name
+from ..planner.hparams import LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_POOLING_TYPES
 from ..planner.params import KV_TYPES, Params
 from ..planner.kv_cache_msa import N_POS_PAD
 from ..planner.reserve import MSA_ARCHS, RESERVE_PP_ONE_SEQ_ARCHS
@@ -52,7 +53,7 @@ MISSING_MESSAGE = ("schedplan run needs the 'run' extra: "
 # include/llama.h
 FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
-POOLING_TYPES = {"unspecified": -1, "none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}   # enum llama_pooling_type
+POOLING_TYPES = {"unspecified": LLAMA_POOLING_TYPE_UNSPECIFIED, **LLAMA_POOLING_TYPES}   # enum llama_pooling_type
 LLAMA_LOAD_MODE_NONE = 0          # include/llama.h llama_load_mode
 # ggml-backend.h enum ggml_backend_buffer_usage
 BUFFER_USAGES = {0: "any", 1: "weights", 2: "compute"}

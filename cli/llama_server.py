@@ -29,7 +29,7 @@ import click
 from .llama_server_options import OPTIONS, PRESET_ONLY
 from .options import INT32_MAX, INT32_MIN, LLM_FFN_DENSE_REGEX, LLM_FFN_EXPS_REGEX, _fit_targets, _parse_tensor_split
 from ..planner.devices import BadDevices
-from ..planner.hparams import LLAMA_MAX_LAYERS
+from ..planner.hparams import LLAMA_MAX_LAYERS, LLAMA_POOLING_TYPES
 from ..planner.params import KV_TYPES, Params
 
 if TYPE_CHECKING:
@@ -570,7 +570,7 @@ def apply(p: ServerParams, e: Event) -> None:
     elif key == "--rerank":
         p.embedding, p.pooling_type = True, "rank"
     elif key == "--pooling":
-        if v not in ("none", "mean", "cls", "last", "rank"):
+        if v not in LLAMA_POOLING_TYPES:
             raise ServerArgsError(f"{src} {v!r}: invalid value (none, mean, cls, last or rank)")
         p.pooling_type = v
     elif key == "--spec-default":

@@ -11,7 +11,7 @@ import click
 from .errors import fail_cleanly
 from ..planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device, parse_size
 from ..planner.download import is_url
-from ..planner.hparams import LLAMA_MAX_LAYERS
+from ..planner.hparams import LLAMA_MAX_LAYERS, LLAMA_POOLING_TYPES
 from ..planner.params import KV_TYPES, Params
 
 
@@ -221,7 +221,7 @@ def plan_options(func: Callable) -> Callable:
         click.option("--embedding", "--embeddings", "embeddings", is_flag=True,
                      help="Compute embeddings (llama-server --embedding): the output buffer holds them too, the "
                      "graph ends in the pooling; -b becomes -ub where it is larger, as llama-server sets it."),
-        click.option("--pooling", "pooling_type", type=click.Choice(["none", "mean", "cls", "last", "rank"]),
+        click.option("--pooling", "pooling_type", type=click.Choice(list(LLAMA_POOLING_TYPES)),
                      default=None, help="Pooling of the embeddings; default: the model's (none if it names none)."),
         click.option("--rerank", "--reranking", "rerank", is_flag=True,
                      help="Reranking: --embedding with --pooling rank (the classification head)."),

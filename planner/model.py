@@ -498,6 +498,13 @@ def require_head_sizes_equal(ml: ModelLoader, hp: HParams) -> None:
             f"and rope dimensions ({hp.n_rot()})")
 
 
+def require_equal_head_sizes(ml: ModelLoader, hp: HParams) -> None:
+    """The GGML_ASSERT(n_embd_head == hparams.n_embd_head_k()) of graphs without that rope check (the
+    BERT family's and other encoders')."""
+    require(ml, hp.n_embd_head_v() == hp.n_embd_head_k(),
+            f"the {hp.arch} graph needs equal K and V head sizes (K {hp.n_embd_head_k()}, V {hp.n_embd_head_v()})")
+
+
 # llama_expert_gating_func_type values build_moe_ffn knows: softmax, sigmoid, softmax_weight,
 # sqrt_softplus; anything else (NONE where the key is absent) is its GGML_ABORT
 GATING_FUNCS = (1, 2, 3, 4)

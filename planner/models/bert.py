@@ -15,7 +15,7 @@ import math
 from .. import ggml
 from ..graph import LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, LLM_FFN_GEGLU, LLM_FFN_GELU, LLM_FFN_PAR, LLM_FFN_SEQ, LLM_FFN_SILU, LLM_NORM, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, HParams
-from ..model import Model, TensorCreator, require
+from ..model import Model, TensorCreator, require_equal_head_sizes
 from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX   # applied only by nomic-bert, nomic-bert-moe and jina-bert-v3
@@ -24,12 +24,6 @@ LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX   # applied only by nomic-bert, nomic-ber
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.f_norm_eps = ml.get_f32("%s.attention.layer_norm_epsilon")
     require_equal_head_sizes(ml, hp)
-
-
-def require_equal_head_sizes(ml: ModelLoader, hp: HParams) -> None:
-    """The graph asserts it: GGML_ASSERT(n_embd_head == hparams.n_embd_head_k())."""
-    require(ml, hp.n_embd_head_v() == hp.n_embd_head_k(),
-            f"the {hp.arch} graph needs equal K and V head sizes (K {hp.n_embd_head_k()}, V {hp.n_embd_head_v()})")
 
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:

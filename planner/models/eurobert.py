@@ -11,9 +11,8 @@ import math
 from .. import ggml
 from ..graph import LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, HParams
-from ..model import Model, TensorCreator
+from ..model import Model, TensorCreator, require_equal_head_sizes
 from ..model_loader import ModelLoader, tn
-from .bert import require_equal_head_sizes
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
 

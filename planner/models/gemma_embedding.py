@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from .. import ggml
-from ..graph import LLM_NORM_RMS, GraphContext
+from ..graph import LLM_NORM_RMS, GraphContext, c_reciprocal
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_SYMMETRIC, HParams
 from ..model import Model, TensorCreator, load_swa_pattern, require
 from ..model_loader import ModelLoader, tn
@@ -32,7 +32,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.dense_3_feat_out = ml.get_u32("%s.dense_3_feat_out", 0)
     require(ml, hp.dense_2_feat_in in (0, hp.n_embd), f"dense_2_feat_in must be equal to n_embd ({hp.dense_2_feat_in})")
     require(ml, hp.dense_3_feat_out in (0, hp.n_embd), f"dense_3_feat_out must be equal to n_embd ({hp.dense_3_feat_out})")
-    hp.f_attention_scale = 1.0 / math.sqrt(hp.n_embd_head_k()) if hp.n_embd_head_k() else math.inf
+    hp.f_attention_scale = c_reciprocal(math.sqrt(hp.n_embd_head_k()))   # 1/sqrt(0) is inf in C
 
 
 def load_arch_tensors(c: TensorCreator, model: Model) -> None:

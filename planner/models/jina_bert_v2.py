@@ -9,9 +9,9 @@ read from the file. A rerank head of one output (cls, no cls.output).
 from __future__ import annotations
 
 from ..hparams import HParams
-from ..model import Model, TensorCreator, require
+from ..model import Model, TensorCreator, require, require_equal_head_sizes
 from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
-from .bert import LLAMA_ROPE_TYPE, build, create_layer_out_norm, create_tok_norm, require_equal_head_sizes  # noqa: F401
+from .bert import LLAMA_ROPE_TYPE, build, create_layer_out_norm, create_tok_norm  # noqa: F401
 
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:

@@ -6,10 +6,10 @@ bert's graph with NEOX rope instead of learned positions, bert's GELU FFN with b
 from __future__ import annotations
 
 from ..hparams import HParams
-from ..model import Model, TensorCreator
+from ..model import Model, TensorCreator, require_equal_head_sizes
 from ..model_loader import ModelLoader
 from .bert import (LLAMA_ROPE_TYPE, build, create_attn, create_ffn, create_layer_out_norm, create_tok_embd,  # noqa: F401
-                   create_tok_norm, require_equal_head_sizes)
+                   create_tok_norm)
 
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:

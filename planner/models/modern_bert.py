@@ -16,9 +16,8 @@ from .. import ggml
 from ..graph import LLM_FFN_GEGLU, LLM_FFN_REGLU, LLM_FFN_RELU, LLM_FFN_SEQ, LLM_FFN_SWIGLU, LLM_NORM, GraphContext
 from ..hparams import (LLAMA_POOLING_TYPE_MEAN, LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_ROPE_TYPE_NEOX,
                        LLAMA_SWA_TYPE_NONE, LLAMA_SWA_TYPE_SYMMETRIC, HParams)
-from ..model import Model, TensorCreator, load_swa_pattern
+from ..model import Model, TensorCreator, load_swa_pattern, require_equal_head_sizes
 from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
-from .bert import require_equal_head_sizes
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
 

@@ -11,9 +11,8 @@ import math
 from .. import ggml
 from ..graph import LLM_FFN_SEQ, LLM_FFN_SWIGLU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NORM, HParams
-from ..model import Model, TensorCreator
+from ..model import Model, TensorCreator, require_equal_head_sizes
 from ..model_loader import TENSOR_NOT_REQUIRED, ModelLoader, tn
-from .bert import require_equal_head_sizes
 
 LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM
 

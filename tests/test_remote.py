@@ -21,7 +21,7 @@ MiB = 1 << 20
 
 
 class RangeServer(ThreadingHTTPServer):
-    """Serves a folder with HEAD and Range GETs, counting the body bytes sent per file; `mode`
+    """Serves a folder with HEAD and Range GETs, counting the body bytes handed to the socket per file; `mode`
     breaks it on purpose: "no-ranges" (answers 200 with everything), "truncated" (sends half a
     range and closes), "slow" (waits before answering)."""
     daemon_threads = True
@@ -82,11 +82,13 @@ class Handler(BaseHTTPRequestHandler):
             remaining = send
             while remaining > 0:
                 chunk = f.read(min(remaining, 1 << 16))
+                # counted before the write: the client may read the last chunk and return before
+                # this thread runs again, and the test reads `sent` right then
+                self.server.sent[path.name] = self.server.sent.get(path.name, 0) + len(chunk)
                 try:
                     self.wfile.write(chunk)
                 except (BrokenPipeError, ConnectionResetError):
                     break
-                self.server.sent[path.name] = self.server.sent.get(path.name, 0) + len(chunk)
                 remaining -= len(chunk)
         if send < body_len:
             self.close_connection = True

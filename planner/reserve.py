@@ -444,18 +444,20 @@ def _buffer_sizes(ctx: Context, per_backend: list[int]) -> dict[str, int]:
 
 
 def reserve(model_path: str, params: Params, tensors: bool = False, graph: str = "pp",
-            margins: Optional[list[int]] = None, mmproj: Optional["MmprojParams"] = None) -> dict:
+            margins: Optional[list[int]] = None, mmproj: Optional["MmprojParams"] = None,
+            header: Optional[GGUFHeader] = None) -> dict:
     """Plan everything llama.cpp reserves for this model and these parameters, as a JSON-able dict.
     margins: the free memory to keep per device (-fitt), for the verdict on devices of known memory.
     mmproj: a multimodal projector loaded beside the model, as llama-server loads it ("projector":
-    its encoders' weights and warm-up compute buffers per buffer type, and per device)."""
+    its encoders' weights and warm-up compute buffers per buffer type, and per device).
+    header: the model's header when the caller already read it."""
     projector = None
     if mmproj is not None:
         from .mtmd.mtmd import mtmd_get_memory_usage
         from .server import check_mmproj_for_model
         projector = mtmd_get_memory_usage(params, mmproj)
         check_mmproj_for_model(projector, model_path, params.header_cache)
-    ctx = create_context(model_path, params)
+    ctx = create_context(model_path, params, header)
     stats = sched_reserve(ctx)
     compute = _buffer_sizes(ctx, [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))])
     result = {

@@ -324,7 +324,7 @@ class Probe:
     split: Splitting
 
 
-def resolve_fused_ops(ctx: Context) -> Optional[Probe]:
+def resolve_fused_ops(ctx: Context, keep_tg: bool) -> Optional[Probe]:
     """llama_context::resolve_fused_ops (llama-context.cpp:507): per fused op left "auto", a
     split-only probe graph of one token per sequence; the op stays on only if every fused node of
     its kind runs on its layer's device. Flash attention is probed for -fa auto; the three DeepSeek-V4
@@ -332,8 +332,8 @@ def resolve_fused_ops(ctx: Context) -> Optional[Probe]:
     net and lightning indexer are on without a probe.
 
     The last probe's ubatch is the tg graph's (n_seqs tokens, sequences and outputs): where its op
-    stays on, nothing changed after it was built, so it is returned, split as reserve splits (with
-    graph_optimize), for sched_reserve to take back as its tg graph."""
+    stays on, nothing changed after it was built: with keep_tg it is returned, split as reserve
+    splits (with graph_optimize), for sched_reserve to take back as its tg graph."""
     cp = ctx.cparams
     n_seqs = cp.n_seq_max
     probes = [(LLM_FUSED_OP_FLASH_ATTN, "flash_attn")] if cp.auto_fa else []
@@ -345,7 +345,7 @@ def resolve_fused_ops(ctx: Context) -> Optional[Probe]:
         # one backend runs every node and every layer: the probe cannot find a mismatch
         if not getattr(cp, flag) or len(ctx.devices.backends) == 1:
             continue
-        last = k == len(probes) - 1
+        last = keep_tg and k == len(probes) - 1
         g = graph_reserve(ctx, n_seqs, n_seqs, n_seqs, split_only=True, optimize=last)
         kept = all(ctx.sched.get_tensor_backend(node) is ctx.devices.layer_backend[il]
                    for kind, node, il in g.fused_nodes if kind == op)
@@ -379,7 +379,7 @@ def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     cp = ctx.cparams
     n_seqs = cp.n_seq_max
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
-    probe = resolve_fused_ops(ctx)
+    probe = resolve_fused_ops(ctx, keep_tg=True)
     pp = (n_tokens, n_seqs, min(n_tokens, cp.n_outputs_max))
     stats = {"pp": _reserve_stats(ctx, *pp)}
     pp_reserved = ctx.sched.reservation()
@@ -406,7 +406,7 @@ def sched_reserve_no_alloc(ctx: Context) -> list[int]:
     cp = ctx.cparams
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
     with gc_paused():
-        resolve_fused_ops(ctx)
+        resolve_fused_ops(ctx, keep_tg=False)   # no tg graph follows
         sizes: list[int] = []
         graph_reserve(ctx, n_tokens, cp.n_seq_max, min(n_tokens, cp.n_outputs_max), split_only=True, sizes=sizes)
     return sizes

@@ -187,10 +187,29 @@ class GraphContext:
     t_inp_tokens: Optional[Tensor] = None  # res->t_inp_tokens
     fused_nodes: list[tuple[str, Tensor, int]] = field(default_factory=list)   # res->add_fused_node: (op, node, il)
     renamed_persistent: bool = False     # cb() named a weight or a cache tensor: later graphs see the name
+    # (input, its set_input) for the inputs every decode writes without asking whether they have a
+    # buffer, in the order llm_graph_result::set_inputs writes them (check_decode_inputs)
+    decode_inputs: list[tuple[Tensor, str]] = field(default_factory=list)
 
     @property
     def hparams(self):
         return self.model.hparams
+
+    def written_at_decode(self, t: Tensor, set_input: str) -> Tensor:
+        self.decode_inputs.append((t, set_input))
+        return t
+
+    def check_decode_inputs(self) -> None:
+        """llm_graph_result::set_inputs at every decode: an input its set_input writes without a
+        buffer check (ggml_backend_tensor_set, ggml_backend_buffer_is_host) must have a buffer, and
+        only the graph's tensors get one; reserving sets no input, so llama.cpp creates the context
+        and aborts at the first decode (ggml-backend.cpp GGML_ASSERT(buffer))."""
+        in_graph = set(self.gf.leafs)
+        for t, set_input in self.decode_inputs:
+            if t not in in_graph:
+                raise ggml.GGMLAbort(f"llama.cpp would abort at the first decode (ggml-backend.cpp GGML_ASSERT(buffer) "
+                                     f"in {set_input}): its input {t.name or 'tensor'} is in no graph, so no buffer "
+                                     f"holds it")
 
     def cb(self, cur: Tensor, name: str, il: int) -> None:
         if cur.buffer is not None:   # plamo2 names its conv and SSM state tensors
@@ -232,20 +251,20 @@ class GraphContext:
         cur = ggml.new_tensor(ggml.T.I32, self.ubatch.n_tokens * self.hparams.n_pos_per_embd())
         cur.set_input()
         self.cb(cur, "inp_pos", -1)
-        return cur
+        return self.written_at_decode(cur, "llm_graph_input_pos::set_input")
 
     def build_inp_attn_scale(self) -> Tensor:
         """The per-token attention temperature, 1x1xN for broadcasting."""
         cur = ggml.new_tensor(ggml.T.F32, 1, 1, self.ubatch.n_tokens)
         cur.set_input()
         self.cb(cur, "inp_attn_scale", -1)
-        return cur
+        return self.written_at_decode(cur, "llm_graph_input_attn_temp::set_input")
 
     def build_inp_out_ids(self) -> Tensor:
         cur = ggml.new_tensor(ggml.T.I32, self.ubatch.n_outputs)
         cur.set_input()
         set_name(cur, "out_ids")
-        return cur
+        return self.written_at_decode(cur, "llm_graph_input_out_ids::set_input")
 
     def build_inp_mean(self) -> Tensor:
         cur = ggml.new_tensor(ggml.T.F32, self.ubatch.n_tokens, self.ubatch.n_seqs_unq)
@@ -266,10 +285,12 @@ class GraphContext:
         kq_mask = ggml.new_tensor(type_mask, self.ubatch.n_tokens, self.ubatch.n_tokens, 1, 1)
         kq_mask.set_input()
         self.cb(kq_mask, "self_kq_mask", -1)
+        self.written_at_decode(kq_mask, "llm_graph_input_attn_no_cache::set_input")
         kq_mask_swa = None
         if self.hparams.swa_type != LLAMA_SWA_TYPE_NONE:
             kq_mask_swa = ggml.new_tensor(type_mask, self.ubatch.n_tokens, self.ubatch.n_tokens, 1, 1)
             kq_mask_swa.set_input()
+            self.written_at_decode(kq_mask_swa, "llm_graph_input_attn_no_cache::set_input")
         return AttnInputNoCache(kq_mask, kq_mask_swa)
 
     def build_attn_inp_kv(self) -> AttnInput:
@@ -373,17 +394,23 @@ class GraphContext:
             input_1d(i32, plan.n_blocks, "state_write_pos"), mask)
 
     def build_rs_inp(self) -> RSInput:
-        return self._rs_inp(self.kv)
+        rs = self._rs_inp(self.kv)
+        self.written_at_decode(rs.s_copy, "llm_graph_input_rs::set_input")
+        return rs
 
     def build_inp_mem_hybrid(self) -> MemHybridInput:
         """build_inp_mem_hybrid: the recurrent state's inputs, then the KV cache's."""
         rs = self._rs_inp(self.kv.recr)
-        return MemHybridInput(self._attn_inp(self.kv.attn), rs)
+        attn = self._attn_inp(self.kv.attn)
+        for t in (attn.k_idxs, attn.v_idxs, attn.kq_mask, rs.s_copy):   # its set_input asks no buffer of them
+            self.written_at_decode(t, "llm_graph_input_mem_hybrid::set_input")
+        return MemHybridInput(attn, rs)
 
     def build_inp_mem_hybrid_iswa(self) -> MemHybridInput:
         """build_inp_mem_hybrid_iswa: the recurrent state's inputs, then the base cache's, then the SWA
         cache's; unlike build_attn_inp_kv_iswa, no K/V rotation inputs."""
         rs = self._rs_inp(self.kv.recr)
+        self.written_at_decode(rs.s_copy, "llm_graph_input_mem_hybrid_iswa::set_input")
         attn = self.kv.attn
         base = self._attn_inp(attn.base, rotations=False)
         return MemHybridInput(AttnInputISWA(base, self._attn_inp(attn.swa, rotations=False)), rs)
@@ -392,8 +419,10 @@ class GraphContext:
         """build_inp_mem_hybrid_k: the recurrent state's inputs, then the K-only cache's (MLA)."""
         rs = self._rs_inp(self.kv.recr)
         kv = self.kv.attn
-        return MemHybridInput(AttnInputK(kv, kv.build_input_k_idxs(self.ubatch.n_tokens),
-                                         self.build_attn_inp_kq_mask(kv)), rs)
+        attn = AttnInputK(kv, kv.build_input_k_idxs(self.ubatch.n_tokens), self.build_attn_inp_kq_mask(kv))
+        for t in (attn.k_idxs, attn.kq_mask, rs.s_copy):   # its set_input asks no buffer of them
+            self.written_at_decode(t, "llm_graph_input_mem_hybrid_k::set_input")
+        return MemHybridInput(attn, rs)
 
     def _rs_inp(self, mem: MemoryRecurrent) -> RSInput:
         """build_rs_inp_impl"""
@@ -479,7 +508,7 @@ class GraphContext:
         cur = ggml.new_tensor(ggml.T.I32, n_tokens, n_tokens)
         cur.set_input()
         set_name(cur, "pos_bucket_enc")
-        return cur
+        return self.written_at_decode(cur, "llm_graph_input_pos_bucket::set_input")
 
     def build_inp_pos_bucket_dec(self) -> Tensor:
         """build_inp_pos_bucket_dec: the buckets of every cached position for each token."""

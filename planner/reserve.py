@@ -420,6 +420,7 @@ def _reserve_stats(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int, bui
     else:
         g = built.g
         ctx.sched.reserve_split(built.split)
+    g.check_decode_inputs()
     return GraphStats(g.ubatch.n_tokens, n_seqs, n_outputs, len(g.gf.nodes), ctx.sched.n_splits,
                       _buffer_sizes(ctx, _graph_alone_sizes(ctx)), split_list(ctx, g.gf.nodes), {})
 

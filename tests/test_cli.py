@@ -479,6 +479,28 @@ def test_llama4_that_aborts_on_the_first_decode_is_refused_in_one_line(tmp_path,
     assert_cli_error(invoke(path), *needles)
 
 
+@pytest.mark.parametrize("model,changes,needles", [
+    ("tiny-gemma-embedding", {"block_count": 1}, ("llm_graph_input_attn_no_cache::set_input", "self_kq_mask")),
+    ("tiny-jamba", {"attention.head_count_kv": [0, 0, 0, 0]}, ("llm_graph_input_mem_hybrid::set_input", "attn_inp_k_idxs")),
+    ("tiny-jamba", {"attention.head_count_kv": [2, 2, 2, 2]}, ("llm_graph_input_mem_hybrid::set_input", "rs_s_copy")),
+    ("tiny-lfm2-swa", {"attention.head_count_kv": [2, 2, 2, 2]}, ("mem_hybrid_iswa::set_input", "rs_s_copy")),
+    ("tiny-lfm2-swa", {"attention.head_count_kv": [0, 0, 0, 0]}, ("llm_graph_input_pos::set_input", "inp_pos")),
+])
+def test_an_input_in_no_graph_aborts_at_the_first_decode_in_one_line(tmp_path, model, changes, needles):
+    """llama.cpp creates these contexts, then aborts at the first decode (GGML_ASSERT(buffer), each
+    seen with real llama.cpp): every layer of the one-block gemma-embedding slides, so the full mask
+    is in no graph; a hybrid of one kind of layer leaves the other half's input unused; a model of
+    convolution layers only never reads its positions. The plan refuses each in one line."""
+    import copy
+
+    from fixtures.make_gguf import load_config, write_gguf
+    config = copy.deepcopy(load_config(model))
+    arch = config["metadata"]["general.architecture"]
+    config["metadata"].update({f"{arch}.{k}": v for k, v in changes.items()})
+    path = write_gguf(config, tmp_path / "m.gguf", header_only=True)
+    assert_cli_error(invoke(path, "-c", "2048"), "first decode", *needles)
+
+
 @pytest.mark.parametrize("changes,needles", [
     ({"block_count": 7, "posnet.block_count": 7}, ("unknown posnet layer 6",)),
     ({"posnet.block_count": 7}, ("posnet.block_count (7)", "block_count (6)")),

@@ -628,3 +628,12 @@ def test_glm5_next_headers_llama_cpp_aborts_on_are_one_line(tmp_path, changes, n
     path = tmp_path / "g5.gguf"
     _write_header(config, path, tensor_specs(base if load_time else config))
     assert_cli_error(invoke(path), *needles)
+
+
+def test_a_gemma4_assistant_beside_a_target_without_an_iswa_cache_is_one_line():
+    """The assistant's cache casts its target's memory to llama_kv_cache_iswa (llama-kv-cache-iswa.cpp):
+    beside a target without sliding-window layers real llama.cpp crashes (seen: `schedplan run
+    tiny-llama -md tiny-gemma4-assistant` exits with SIGSEGV); the plan refuses it in one line."""
+    from fixtures.make_gguf import header_path
+    assert_cli_error(invoke(header_path("tiny-llama"), "-c", "4096", "-md", str(header_path("tiny-gemma4-assistant"))),
+                     "would crash", "iswa")

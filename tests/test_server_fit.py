@@ -195,3 +195,54 @@ def test_the_fitted_llama_server_command_loads_as_fitted(golden: Path):
         return json.loads(res.stdout)["command"]
 
     loads_as_fitted(golden, fitted)
+
+
+def _draft_context_log(text: str) -> dict:
+    """What llama-server logged of its draft context's creation (common_speculative_init_result),
+    up to its first reservation (llama_init_from_model; the speculative decoder may reserve it again
+    later for backend samplers): buffers per type in MiB as logged, and the graph's nodes and splits."""
+    draft = text.split("common_speculative_init_result: loading draft model", 1)[1]
+    draft = draft.split("sched_reserve: reserve took", 1)[0]
+    out: dict = {"model_buffers": {}, "output_buffers": {}, "kv_buffers": {}, "compute_buffers": {}}
+    for key, rx in (("model_buffers", r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB"),
+                    ("output_buffers", r"llama_context:\s+(\S+)  output buffer size =\s+([\d.]+) MiB"),
+                    ("kv_buffers", r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB"),
+                    ("compute_buffers", r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")):
+        for m in re.finditer(rx, draft):
+            out[key][m.group(1)] = m.group(2)
+    m = re.search(r"sched_reserve: graph: nodes = (\d+), splits = (\d+)", draft)
+    out["graph"] = (int(m.group(1)), int(m.group(2)))
+    return out
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("n_rpc,flags", [
+    (0, ["-c", "4096"]),
+    (0, ["-c", "8192", "-np", "2", "-fa", "off", "-ub", "256"]),
+    (1, ["-c", "4096", "-ngl", "99", "-ctk", "q8_0", "-ctv", "q8_0"]),
+    (2, ["-c", "2048", "-ngl", "99", "-ts", "3,1", "-ngld", "1"]),
+])
+def test_the_draft_context_equals_llama_servers(n_rpc, flags):
+    """A Gemma 4 assistant's context beside tiny-gemma4, as the real llama-server creates it after the
+    model's (ctx_other: no KV buffer of its own): `reserve -- llama-server ...` plans the same buffers
+    and graph as it logs (MiB to two decimals; the bytes are the goldens' business), -fit off."""
+    from fixtures.llama_build import bin_dir
+    from fixtures.server_fit_golden import run_server
+    from schedplan.backends.rpc_server import rpc_servers
+    from schedplan.cli.reserve import reserve
+
+    binary = bin_dir() / "llama-server"
+    if not binary.exists():
+        pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
+    args = ["-m", str(model_path("tiny-gemma4")), "-md", str(model_path("tiny-gemma4-assistant")),
+            "--spec-type", "draft-mtp", "-fit", "off", *flags]
+    with rpc_servers(n_rpc) as endpoints:
+        rpc = ["--rpc", ",".join(endpoints)] if endpoints else []
+        text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])
+        res = CliRunner().invoke(reserve, ["--device", "none", "--json", "--", "llama-server", *args, *rpc])
+    assert "llama_server: listening on" in text, text[-2000:]
+    assert res.exit_code == 0, res.output
+    plan, real = json.loads(res.stdout)["draft"], _draft_context_log(text)
+    for key in ("model_buffers", "output_buffers", "kv_buffers", "compute_buffers"):
+        assert {k: f"{v / MiB:.2f}" for k, v in plan[key].items() if v} == real[key], key
+    assert (plan["graphs"]["pp"]["nodes"], plan["graphs"]["pp"]["splits"]) == real["graph"]

@@ -216,15 +216,22 @@ def _draft_context_log(text: str) -> dict:
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("n_rpc,flags", [
-    (0, ["-c", "4096"]),
-    (0, ["-c", "8192", "-np", "2", "-fa", "off", "-ub", "256"]),
-    (1, ["-c", "4096", "-ngl", "99", "-ctk", "q8_0", "-ctv", "q8_0"]),
-    (2, ["-c", "2048", "-ngl", "99", "-ts", "3,1", "-ngld", "1"]),
+@pytest.mark.parametrize("model,draft,n_rpc,flags", [
+    ("tiny-gemma4", "tiny-gemma4-assistant", 0, ["--spec-type", "draft-mtp", "-c", "4096"]),
+    ("tiny-gemma4", "tiny-gemma4-assistant", 0, ["--spec-type", "draft-mtp", "-c", "8192", "-np", "2", "-fa", "off",
+                                                 "-ub", "256"]),
+    ("tiny-gemma4", "tiny-gemma4-assistant", 1, ["--spec-type", "draft-mtp", "-c", "4096", "-ngl", "99", "-ctk", "q8_0",
+                                                 "-ctv", "q8_0"]),
+    ("tiny-gemma4", "tiny-gemma4-assistant", 2, ["--spec-type", "draft-mtp", "-c", "2048", "-ngl", "99", "-ts", "3,1",
+                                                 "-ngld", "1"]),
+    ("tiny-qwen3", "tiny-dflash", 0, ["-c", "4096"]),
+    ("tiny-qwen3", "tiny-dflash", 0, ["-c", "4096", "-np", "3", "-fa", "off", "-ctkd", "q8_0"]),
+    ("tiny-qwen3", "tiny-dflash", 2, ["-c", "2048", "-ngl", "99", "-ts", "1,1", "-ngld", "2"]),
 ])
-def test_the_draft_context_equals_llama_servers(n_rpc, flags):
-    """A Gemma 4 assistant's context beside tiny-gemma4, as the real llama-server creates it after the
-    model's (ctx_other: no KV buffer of its own): `reserve -- llama-server ...` plans the same buffers
+def test_the_draft_context_equals_llama_servers(model, draft, n_rpc, flags):
+    """A Gemma 4 assistant's context beside tiny-gemma4 (ctx_other: no KV buffer of its own) and a
+    DFlash drafter's beside tiny-qwen3 (the speculative type read from the file), as the real
+    llama-server creates them after the model's: `reserve -- llama-server ...` plans the same buffers
     and graph as it logs (MiB to two decimals; the bytes are the goldens' business), -fit off."""
     from fixtures.llama_build import bin_dir
     from fixtures.server_fit_golden import run_server
@@ -234,8 +241,7 @@ def test_the_draft_context_equals_llama_servers(n_rpc, flags):
     binary = bin_dir() / "llama-server"
     if not binary.exists():
         pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
-    args = ["-m", str(model_path("tiny-gemma4")), "-md", str(model_path("tiny-gemma4-assistant")),
-            "--spec-type", "draft-mtp", "-fit", "off", *flags]
+    args = ["-m", str(model_path(model)), "-md", str(model_path(draft)), "-fit", "off", *flags]
     with rpc_servers(n_rpc) as endpoints:
         rpc = ["--rpc", ",".join(endpoints)] if endpoints else []
         text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])

@@ -141,9 +141,6 @@ def check_ctx_other(ml: ModelLoader, model: Model, ctx_other: Optional[Context])
             raise ContextRefused(f"{ml.header.path}: {arch} requires ctx_other to be set: llama.cpp creates the "
                                  f"context of a head without its own token_embd and output only beside its target "
                                  f"model (llama-server --spec-type draft-{arch} -md FILE)")
-        if arch == "eagle3":
-            raise NotImplementedError("the context of an EAGLE-3 head beside its target model (ctx_other) is not "
-                                      "planned (planned beside a target: gemma4-assistant, dflash)")
         for name, what in (("selector_hidden.weight", "a DFlash2 drafter (convolutions and a selector)"),
                            ("markov_w1.weight", "a DSpark drafter (a Markov head)")):
             if ml.get_weight(name) is not None:

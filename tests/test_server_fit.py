@@ -227,10 +227,13 @@ def _draft_context_log(text: str) -> dict:
     ("tiny-qwen3", "tiny-dflash", 0, ["-c", "4096"]),
     ("tiny-qwen3", "tiny-dflash", 0, ["-c", "4096", "-np", "3", "-fa", "off", "-ctkd", "q8_0"]),
     ("tiny-qwen3", "tiny-dflash", 2, ["-c", "2048", "-ngl", "99", "-ts", "1,1", "-ngld", "2"]),
+    ("tiny-llama", "tiny-eagle3-shared", 0, ["--spec-type", "draft-eagle3", "-c", "4096", "-np", "2"]),
+    ("tiny-llama", "tiny-eagle3-shared", 1, ["--spec-type", "draft-eagle3", "-c", "2048", "-ngl", "1", "-fa", "off"]),
 ])
 def test_the_draft_context_equals_llama_servers(model, draft, n_rpc, flags):
-    """A Gemma 4 assistant's context beside tiny-gemma4 (ctx_other: no KV buffer of its own) and a
-    DFlash drafter's beside tiny-qwen3 (the speculative type read from the file), as the real
+    """A Gemma 4 assistant's context beside tiny-gemma4 (ctx_other: no KV buffer of its own), a
+    DFlash drafter's beside tiny-qwen3 (the speculative type read from the file) and an EAGLE-3
+    head's without its own embedding and head beside tiny-llama, as the real
     llama-server creates them after the model's: `reserve -- llama-server ...` plans the same buffers
     and graph as it logs (MiB to two decimals; the bytes are the goldens' business), -fit off."""
     from fixtures.llama_build import bin_dir

@@ -507,10 +507,12 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
               "peaks": {name: s.peaks for name, s in stats.items()}}
     if projector is not None:
         result["projector"] = projector.summary()
+    ctx_dft = None
     if draft is not None:
-        result["draft"] = reserve_draft(ctx, draft)
+        ctx_dft, stats_dft = reserve_draft(ctx, draft)
+        result["draft"] = context_sections(ctx_dft, stats_dft)
     if ctx.devices.model_devices() and all(b.memory is not None for b in ctx.devices.model_devices()):
-        result["device_memory"] = device_memory_verdict(ctx, margins, projector)
+        result["device_memory"] = device_memory_verdict(ctx, margins, projector, ctx_dft)
     if tensors:
         if graph == "tg":
             n_seqs = ctx.cparams.n_seq_max
@@ -519,15 +521,16 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
     return result
 
 
-def reserve_draft(ctx_tgt: Context, draft: "ExtraModel") -> dict:
+def reserve_draft(ctx_tgt: Context, draft: "ExtraModel") -> tuple[Context, dict[str, GraphStats]]:
     """common_speculative_init_result (common/speculative.cpp): after the target's context, the draft
     model is loaded with its own model parameters and its context created at the target's context
     size (llama_n_ctx(ctx_tgt)) with ctx_other = ctx_tgt, which a Gemma 4 assistant reads (the
-    target's token_embd and K/V cache: its cache holds no tensor of its own) and other drafts ignore.
-    Its model, parameters, graphs and buffers, in the sections the model's have."""
+    target's token_embd and K/V cache: its cache holds no tensor of its own), a DFlash drafter or an
+    EAGLE-3 head without its own embedding and head reads (the target's token_embd and output), and
+    other drafts ignore. The draft's context, reserved."""
     params = dataclasses.replace(draft.params, n_ctx=ctx_tgt.cparams.n_ctx)
     ctx = create_context(draft.path, params, ctx_other=ctx_tgt)
-    return context_sections(ctx, sched_reserve(ctx))
+    return ctx, sched_reserve(ctx)
 
 
 def context_sections(ctx: Context, stats: dict[str, GraphStats]) -> dict:
@@ -547,22 +550,31 @@ def memory_breakdown(ctx: Context) -> dict[str, int]:
     return ctx.kv.memory_breakdown() if ctx.kv is not None else {}
 
 
-def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector: Optional["MmprojPlan"] = None) -> list[dict]:
+def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector: Optional["MmprojPlan"] = None,
+                          ctx_dft: Optional[Context] = None) -> list[dict]:
     """Per device of known memory, what this plan uses there (model, context, compute: what --fit
-    counts; and a projector's weights and warm-up buffers on that device, its gen-audio weights
-    included) against its free memory and the margin --fit keeps (-fitt, default 1024 MiB)."""
+    counts; a projector's weights and warm-up buffers on that device, its gen-audio weights
+    included; a draft model's weights, context and compute buffers, which llama-server allocates after
+    fitting) against its free memory and the margin --fit keeps (-fitt, default 1024 MiB)."""
     from .fit import device_memory, fit_targets
 
+    def usage_of(c: Context) -> dict[str, int]:
+        sizes = [c.sched.get_vbuffer_size(i) for i in range(len(c.devices.backends))]
+        dmds = device_memory(c, sizes, 0)    # the host's row is not part of the verdict
+        return {b.device_name: d.used() for b, d in zip(c.devices.model_devices(), dmds)}
+
     sizes = [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))]
-    dmds = device_memory(ctx, sizes, 0)    # the host's row is not part of the verdict
+    dmds = device_memory(ctx, sizes, 0)
     targets = fit_targets(margins)
     usage = projector.allocated() if projector is not None else {}
+    draft = usage_of(ctx_dft) if ctx_dft is not None else {}
     out = []
     for i, b in enumerate(ctx.devices.model_devices()):
         d = dmds[i]
-        used = d.used() + usage.get(b.device_name, 0)
+        used = d.used() + usage.get(b.device_name, 0) + draft.get(b.device_name, 0)
         out.append({"device": b.device_name, "free": d.free, "total": d.total, "model": d.model,
                     "context": d.context, "compute": d.compute, "projector": usage.get(b.device_name, 0),
+                    "draft": draft.get(b.device_name, 0),
                     "projected_free": d.free - used, "target": targets[i], "fits": d.free - used >= targets[i]})
     return out
 

@@ -249,6 +249,40 @@ def test_the_draft_context_equals_llama_servers(model, draft, n_rpc, flags):
         rpc = ["--rpc", ",".join(endpoints)] if endpoints else []
         text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])
         res = CliRunner().invoke(reserve, ["--device", "none", "--json", "--", "llama-server", *args, *rpc])
+    _check_draft_context(res, text)
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("model,draft,free_mib,flags", [
+    ("tiny-gemma4", "tiny-gemma4-assistant", [1040, 1040], ["--spec-type", "draft-mtp", "-c", "4096"]),
+    ("tiny-gemma4", "tiny-gemma4-assistant", [1060, 1033], ["--spec-type", "draft-mtp", "-c", "4096"]),
+    ("tiny-qwen3", "tiny-dflash", [1034, 1030], ["-c", "4096", "-np", "2"]),
+])
+def test_the_draft_context_after_fit_equals_llama_servers(model, draft, free_mib, flags):
+    """With --fit on RPC servers short of memory: llama-server fits the model alone (the draft cannot be
+    measured alone), then creates the draft's context with the fitted tensor split, which
+    common_fit_params wrote into the parameters the draft copies; `reserve -- llama-server` plans it so."""
+    from fixtures.llama_build import bin_dir
+    from fixtures.server_fit_golden import run_server
+    from schedplan.backends.rpc_server import rpc_servers
+    from schedplan.cli.reserve import reserve
+
+    binary = bin_dir() / "llama-server"
+    if not binary.exists():
+        pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
+    args = ["-m", str(model_path(model)), "-md", str(model_path(draft)), *flags]
+    memory = [(f * MiB, (f + 2048) * MiB) for f in free_mib]
+    with rpc_servers(len(memory), memory=memory) as endpoints:
+        rpc = ["--rpc", ",".join(endpoints)]
+        text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])
+        declared = [x for e, (free, total) in zip(endpoints, memory)
+                    for x in ("--rpc", e, "--rpc-memory", f"{e}={free}/{total}")]
+        res = CliRunner().invoke(reserve, [*declared, "--json", "--", "llama-server", *args, *rpc])
+    assert "successfully fit params to free device memory" in text, text[-2000:]
+    _check_draft_context(res, text)
+
+
+def _check_draft_context(res, text: str) -> None:
     assert "llama_server: listening on" in text, text[-2000:]
     assert res.exit_code == 0, res.output
     plan, real = json.loads(res.stdout)["draft"], _draft_context_log(text)

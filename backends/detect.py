@@ -92,7 +92,7 @@ def _ggml_libs() -> Optional[tuple[ctypes.CDLL, ctypes.CDLL]]:
     """libggml-base and libggml from where llama-cpp-python loads them (LLAMA_CPP_LIB_PATH, else its
     lib folder), by the names libllama links (a second copy of libggml would hold a second
     registry); None without llama-cpp-python."""
-    from .llama_cpp_run import LlamaCppMissing, available, lib_dir
+    from .llama_cpp_lib import LlamaCppMissing, available, lib_dir
     if not available():
         return None
     try:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -44,11 +43,10 @@ from ..planner.hparams import LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_POOLING_TYPE
 from ..planner.params import KV_TYPES, Params
 from ..planner.kv_cache_msa import N_POS_PAD
 from ..planner.reserve import MSA_ARCHS, RESERVE_PP_ONE_SEQ_ARCHS
+from .llama_cpp_lib import MISSING_MESSAGE, LlamaCppMissing, RunError, available, lib_dir  # noqa: F401 (this module's API)
 
 SCHEMA = "schedplan.reserve/1"
 MiB = 1024 * 1024
-MISSING_MESSAGE = ("schedplan run needs the 'run' extra: "
-                   "CMAKE_ARGS=\"-DGGML_RPC=ON\" pip install 'schedplan[run]'")
 
 # include/llama.h
 FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}
@@ -60,26 +58,9 @@ BUFFER_USAGES = {0: "any", 1: "weights", 2: "compute"}
 GGML_BACKEND_DEVICE_TYPE_CPU = 0
 
 
-class RunError(Exception):
-    """llama.cpp refused or failed to run the configuration (one line, for the user)."""
-
-
-class LlamaCppMissing(RunError):
-    def __init__(self, message: str = MISSING_MESSAGE):
-        super().__init__(message)
-
-
 # --------------------------------------------------------------------------------------------
 # libraries
 # --------------------------------------------------------------------------------------------
-
-def available() -> bool:
-    """Whether llama_cpp (llama-cpp-python) is installed; does not import it."""
-    try:
-        return importlib.util.find_spec("llama_cpp") is not None
-    except (ImportError, ValueError):
-        return False
-
 
 def import_llama_cpp():
     try:
@@ -87,17 +68,6 @@ def import_llama_cpp():
     except (ImportError, OSError) as e:
         raise LlamaCppMissing(f"{MISSING_MESSAGE} (import llama_cpp failed: {e})") from None
     return llama_cpp
-
-
-def lib_dir() -> Path:
-    """Where llama_cpp loads libllama.so.0 and libggml*.so.0 from: LLAMA_CPP_LIB_PATH when set (a
-    llama.cpp build of one's own, as llama_cpp/llama_cpp.py reads it), else the package's llama_cpp/lib."""
-    if os.environ.get("LLAMA_CPP_LIB_PATH"):
-        return Path(os.environ["LLAMA_CPP_LIB_PATH"])
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.origin:
-        raise LlamaCppMissing()
-    return Path(spec.origin).parent / "lib"
 
 
 def load_lib(soname: str) -> ctypes.CDLL:

@@ -13,7 +13,8 @@ vulkan's profile), interleaved so that load hits both alike:
 Ratios: Vulkan / CPU (the issue's target: at most 1). Then where the Vulkan plan's extra time goes,
 from --repeat more Vulkan plans with three of its parts timed (medians per plan): the flash attention
 probe (resolve_fused_ops: llama_context builds and splits one more graph when -fa is auto and more
-than one backend exists; a CPU plan skips it), graph_optimize of the pp and tg splits, and the
+than one backend exists; a CPU plan skips it; the plan takes it back as its tg graph, so tg then
+only reserves), graph_optimize of the pp and tg splits, and the
 device's supports_op (every call: weight placement probes, the scheduler's passes, the probe's
 included). A report, not a test.
 """
@@ -56,17 +57,17 @@ def vulkan_parts(header: Path, flags: list[str], repeat: int) -> tuple[dict[str,
     calls = 0
 
     def timed(name, fn, count=False):
-        def wrapper(*args):
+        def wrapper(*args, **kwargs):
             nonlocal calls
             calls += count
             t = time.perf_counter()
             try:
-                return fn(*args)
+                return fn(*args, **kwargs)
             finally:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
         return wrapper
 
-    parts = {"flash attention probe (resolve_fused_ops)": (reserve, "resolve_fused_ops", False),
+    parts = {"flash attention probe = tg graph (resolve_fused_ops)": (reserve, "resolve_fused_ops", False),
              "graph_optimize (pp and tg)": (vulkan, "graph_optimize", False),
              "supports_op (all calls)": (vulkan, "supports_op", True)}
     originals = {name: getattr(mod, attr) for name, (mod, attr, _) in parts.items()}

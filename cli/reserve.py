@@ -84,11 +84,15 @@ def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, dr
 
     Example: schedplan reserve model.gguf -c 8192 -ub 512 -fa on
     """
+    from .devices import detect_early, for_this_machine
+    if Path(model).name not in SERVER_NAMES and not server_args:
+        detect_early(params)    # the devices are detected while the planner imports and the header is read
+    from ..planner.download import read_model_header
     from ..planner.reserve import reserve as plan
-    from .devices import for_this_machine
 
     from .run import with_draft
 
+    header = None
     with fail_cleanly():
         if Path(model).name in SERVER_NAMES:
             if draft is not None:
@@ -97,9 +101,11 @@ def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, dr
         elif server_args:
             raise click.UsageError(f"got unexpected extra arguments ({' '.join(server_args)})")
         else:
+            header = read_model_header(model, params.header_cache)
             params, _ = for_this_machine(params)
             params, extra = with_draft(model, params, draft)
-        result = plan(model, params, tensors=tensors, graph=graph, margins=fit_target, mmproj=mmproj, draft=extra)
+        result = plan(model, params, tensors=tensors, graph=graph, margins=fit_target, mmproj=mmproj, header=header,
+                      draft=extra)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return

@@ -6,9 +6,7 @@ find their other parts beside the first URL, by the same names as on disk (plann
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -51,7 +49,8 @@ def header_cache_dir() -> Path:
 
 
 def read_remote_header(url: str, use_cache: bool = True) -> GGUFHeader:
-    import requests   # only here: a local plan never pays its import
+    import hashlib    # these only here: a local plan never pays their import
+    import requests
 
     with requests.Session() as session:
         session.headers.update(bearer_headers(url))
@@ -128,6 +127,7 @@ def _check_status(r, url: str) -> None:
 def _try_parse(prefix: bytearray, url: str, total: int) -> Optional[GGUFHeader]:
     """The header if the prefix holds all of it; None if it ends inside the header and the file
     goes on (fetch more); the reader's error otherwise."""
+    import tempfile
     with tempfile.NamedTemporaryFile(suffix=".gguf") as f:
         f.write(prefix)
         f.flush()
@@ -141,6 +141,7 @@ def _try_parse(prefix: bytearray, url: str, total: int) -> Optional[GGUFHeader]:
 
 
 def _store(path: Path, data: bytes) -> None:
+    import tempfile
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
     with os.fdopen(fd, "wb") as f:

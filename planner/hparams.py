@@ -33,8 +33,10 @@ class UnsupportedModel(Exception):
     """One-line reason why schedplan cannot plan this model (or why llama.cpp would refuse it)."""
 
 
-@dataclass
+@dataclass(init=False)
 class HParams:
+    """llama_hparams. Its generated __init__ (about 200 parameters) would cost every plan some 3 ms to
+    build at import: the one below takes the same keywords (dataclasses.replace passes them all)."""
     arch: str
     n_ctx_train: int = 0
     n_embd: int = 0
@@ -208,6 +210,13 @@ class HParams:
     ple_conv_kernel: int = 0
     ple_head_offsets: tuple[int, ...] = ()
     ple_head_vocab_sizes: tuple[int, ...] = ()
+
+    def __init__(self, arch: str, **fields) -> None:
+        self.arch = arch
+        for name, value in fields.items():
+            if name not in self.__dataclass_fields__:
+                raise TypeError(f"HParams has no field {name}")
+            setattr(self, name, value)
 
     # --- per-layer accessors (llama-hparams.cpp) --------------------------------------------------
 

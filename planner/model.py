@@ -84,9 +84,11 @@ class LayerConvnext:
     gamma: Optional[Tensor] = None
 
 
-@dataclass
+@dataclass(init=False, eq=False, repr=False)
 class Layer:
-    """llama_layer: the weights of one block that the supported builders use (None when absent)."""
+    """llama_layer: the weights of one block that the supported builders use (None when absent).
+    Built empty and filled by load_tensors; a generated __init__ of its 240 fields would cost every
+    plan about 5 ms to build at import, so the absent weights are the class's None defaults."""
     attn_norm: Optional[Tensor] = None
     attn_norm_b: Optional[Tensor] = None
     wq: Optional[Tensor] = None
@@ -329,6 +331,9 @@ class Layer:
     ple_conv1d: Optional[Tensor] = None
     posnet: LayerPosnet = field(default_factory=LayerPosnet)
     convnext: LayerConvnext = field(default_factory=LayerConvnext)
+
+    def __init__(self) -> None:
+        self.switch_lora, self.posnet, self.convnext = LayerSwitchLora(), LayerPosnet(), LayerConvnext()
 
 
 @dataclass

@@ -28,7 +28,7 @@ from .memory_recurrent import MemoryHybrid, MemoryRecurrent, create_memory_recur
 from .model import Model, load_hparams, load_tensors
 from .model_loader import ModelLoader
 from .params import Params
-from .sched import Sched
+from .sched import Sched, Splitting
 
 if TYPE_CHECKING:
     from .fit import ExtraModel
@@ -336,8 +336,10 @@ def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
 
 
 def graph_reserve(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int, split_only: bool = False,
-                  sizes: Optional[list[int]] = None) -> GraphContext:
-    """llama_context::graph_reserve; with split_only and sizes, the no_alloc measurement into sizes."""
+                  sizes: Optional[list[int]] = None, optimize: bool = True) -> GraphContext:
+    """llama_context::graph_reserve; with split_only and sizes, the no_alloc measurement into sizes.
+    optimize=False: a split_only probe that reads only which backend each node got leaves out the
+    backends' graph_optimize, which reorders nodes within their splits and changes no assignment."""
     if n_tokens % n_seqs != 0:
         n_tokens = (n_tokens + n_seqs - 1) // n_seqs * n_seqs
     ctx.sched.reset()
@@ -345,9 +347,7 @@ def graph_reserve(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int, spli
     if split_only and sizes is not None:
         sizes[:] = ctx.sched.reserve_size(g.gf)
     elif split_only:
-        # the probes read only which backend each node got: the backends' graph_optimize, which
-        # reorders nodes within their splits and changes no assignment, is left out
-        ctx.sched.split_graph(g.gf, optimize=False)
+        ctx.sched.split_graph(g.gf, optimize=optimize)
     else:
         ctx.sched.reserve(g.gf)
     return g
@@ -358,35 +358,44 @@ def graph_reserve(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int, spli
 DSV4_HC_ARCHS = frozenset({"deepseek4", "glm5-next", "qwen4exp"})
 
 
-def resolve_fused_ops(ctx: Context) -> None:
+@dataclass(eq=False)
+class Probe:
+    """A probe graph built with the fused ops as they were resolved, and how the scheduler split it."""
+    g: GraphContext
+    split: Splitting
+
+
+def resolve_fused_ops(ctx: Context, keep_tg: bool) -> Optional[Probe]:
     """llama_context::resolve_fused_ops (llama-context.cpp:507): per fused op left "auto", a
     split-only probe graph of one token per sequence; the op stays on only if every fused node of
     its kind runs on its layer's device. Flash attention is probed for -fa auto; the three DeepSeek-V4
     hyper-connection ops are probed for every model (auto_fhc is always set); the fused gated delta
-    net and lightning indexer are on without a probe."""
+    net and lightning indexer are on without a probe.
+
+    The last probe's ubatch is the tg graph's (n_seqs tokens, sequences and outputs): where its op
+    stays on, nothing changed after it was built: with keep_tg it is returned, split as reserve
+    splits (with graph_optimize), for sched_reserve to take back as its tg graph."""
     cp = ctx.cparams
     n_seqs = cp.n_seq_max
-
-    def resolve(op: str, enabled: bool) -> bool:
-        if not enabled:
-            return False
-        if len(ctx.devices.backends) == 1:
-            return True   # one backend runs every node and every layer: the probe cannot find a mismatch
-        g = graph_reserve(ctx, n_seqs, n_seqs, n_seqs, split_only=True)
-        return all(ctx.sched.get_tensor_backend(node) is ctx.devices.layer_backend[il]
+    probes = [(LLM_FUSED_OP_FLASH_ATTN, "flash_attn")] if cp.auto_fa else []
+    if cp.auto_fhc and ctx.hparams.arch in DSV4_HC_ARCHS:
+        probes += [(LLM_FUSED_OP_DSV4_HC_PRE, "fused_dsv4_hc_pre"), (LLM_FUSED_OP_DSV4_HC_COMB, "fused_dsv4_hc_comb"),
+                   (LLM_FUSED_OP_DSV4_HC_POST, "fused_dsv4_hc_post")]
+    probe = None
+    for k, (op, flag) in enumerate(probes):
+        # one backend runs every node and every layer: the probe cannot find a mismatch
+        if not getattr(cp, flag) or len(ctx.devices.backends) == 1:
+            continue
+        last = keep_tg and k == len(probes) - 1
+        g = graph_reserve(ctx, n_seqs, n_seqs, n_seqs, split_only=True, optimize=last)
+        kept = all(ctx.sched.get_tensor_backend(node) is ctx.devices.layer_backend[il]
                    for kind, node, il in g.fused_nodes if kind == op)
-
-    if cp.auto_fa:
-        cp.flash_attn = resolve(LLM_FUSED_OP_FLASH_ATTN, cp.flash_attn)
-        cp.auto_fa = False
-        if not cp.flash_attn and ggml.is_quantized(cp.type_v):
+        setattr(cp, flag, kept)
+        probe = Probe(g, ctx.sched.splitting()) if kept and last else None
+        if op == LLM_FUSED_OP_FLASH_ATTN and not kept and ggml.is_quantized(cp.type_v):
             raise BadParams("quantized V cache was requested, but this requires Flash Attention")
-    if cp.auto_fhc:
-        if ctx.hparams.arch in DSV4_HC_ARCHS:
-            cp.fused_dsv4_hc_pre = resolve(LLM_FUSED_OP_DSV4_HC_PRE, cp.fused_dsv4_hc_pre)
-            cp.fused_dsv4_hc_comb = resolve(LLM_FUSED_OP_DSV4_HC_COMB, cp.fused_dsv4_hc_comb)
-            cp.fused_dsv4_hc_post = resolve(LLM_FUSED_OP_DSV4_HC_POST, cp.fused_dsv4_hc_post)
-        cp.auto_fhc = False
+    cp.auto_fa = cp.auto_fhc = False
+    return probe
 
 
 @contextlib.contextmanager
@@ -411,11 +420,13 @@ def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     cp = ctx.cparams
     n_seqs = cp.n_seq_max
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
-    resolve_fused_ops(ctx)
+    probe = resolve_fused_ops(ctx, keep_tg=True)
     pp = (n_tokens, n_seqs, min(n_tokens, cp.n_outputs_max))
     stats = {"pp": _reserve_stats(ctx, *pp)}
     pp_reserved = ctx.sched.reservation()
-    stats["tg"] = _reserve_stats(ctx, n_seqs, n_seqs, n_seqs)
+    # tg builds the last probe's graph again (same ubatch, same flags): its split is taken back,
+    # unless building renamed a weight or cache tensor since (the rebuilt graph shows the new name)
+    stats["tg"] = _reserve_stats(ctx, n_seqs, n_seqs, n_seqs, None if ctx.graph_renames_persistent else probe)
     stats["tg"].peaks = graph_peaks(ctx)
     # pp again, the final reservation (kimi-linear's with one sequence: llama-context.cpp:714). The
     # same ubatch as the first builds the same graph, which splits and lays out as the first did, so
@@ -436,15 +447,20 @@ def sched_reserve_no_alloc(ctx: Context) -> list[int]:
     cp = ctx.cparams
     n_tokens = min(cp.n_ctx, cp.n_ubatch)
     with gc_paused():
-        resolve_fused_ops(ctx)
+        resolve_fused_ops(ctx, keep_tg=False)   # no tg graph follows
         sizes: list[int] = []
         graph_reserve(ctx, n_tokens, cp.n_seq_max, min(n_tokens, cp.n_outputs_max), split_only=True, sizes=sizes)
     return sizes
 
 
-def _reserve_stats(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int) -> GraphStats:
-    """graph_reserve, and what llama.cpp reports of it (peaks are taken by the caller)."""
-    g = graph_reserve(ctx, n_tokens, n_seqs, n_outputs)
+def _reserve_stats(ctx: Context, n_tokens: int, n_seqs: int, n_outputs: int, built: Optional[Probe] = None) -> GraphStats:
+    """graph_reserve, and what llama.cpp reports of it (peaks are taken by the caller); `built`:
+    this ubatch's graph as a probe built and split it."""
+    if built is None:
+        g = graph_reserve(ctx, n_tokens, n_seqs, n_outputs)
+    else:
+        g = built.g
+        ctx.sched.reserve_split(built.split)
     return GraphStats(g.ubatch.n_tokens, n_seqs, n_outputs, len(g.gf.nodes), ctx.sched.n_splits,
                       _buffer_sizes(ctx, _graph_alone_sizes(ctx)), split_list(ctx, g.gf.nodes), {})
 
@@ -486,11 +502,12 @@ def _buffer_sizes(ctx: Context, per_backend: list[int]) -> dict[str, int]:
 
 def reserve(model_path: str, params: Params, tensors: bool = False, graph: str = "pp",
             margins: Optional[list[int]] = None, mmproj: Optional["MmprojParams"] = None,
-            draft: Optional["ExtraModel"] = None) -> dict:
+            header: Optional[GGUFHeader] = None, draft: Optional["ExtraModel"] = None) -> dict:
     """Plan everything llama.cpp reserves for this model and these parameters, as a JSON-able dict.
     margins: the free memory to keep per device (-fitt), for the verdict on devices of known memory.
     mmproj: a multimodal projector loaded beside the model, as llama-server loads it ("projector":
     its encoders' weights and warm-up compute buffers per buffer type, and per device).
+    header: the model's header when the caller already read it.
     draft: a draft model llama-server loads after the model, with its context ("draft", see
     reserve_draft)."""
     projector = None
@@ -499,7 +516,7 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         from .server import check_mmproj_for_model
         projector = mtmd_get_memory_usage(params, mmproj)
         check_mmproj_for_model(projector, model_path, params.header_cache)
-    ctx = create_context(model_path, params)
+    ctx = create_context(model_path, params, header)
     stats = sched_reserve(ctx)
     result = {"schema": SCHEMA, "source": "plan", "llama_cpp": {"commit": LLAMA_CPP_COMMIT},
               **context_sections(ctx, stats),

@@ -47,13 +47,19 @@ class Split:
 
 
 @dataclass(eq=False)
-class Reservation:
-    """The state a reserve leaves for its graph (Sched.reservation)."""
+class Splitting:
+    """The state split_graph leaves for its graph: the splits, the graph copy, their backends."""
     splits: list[Split]
     graph_inputs: list[Tensor]
     graph: Cgraph
     node_backend_ids: list[int]
     leaf_backend_ids: list[int]
+
+
+@dataclass(eq=False)
+class Reservation:
+    """The state a reserve leaves for its graph (Sched.reservation)."""
+    split: Splitting
     layout: Layout
 
 
@@ -146,17 +152,32 @@ class Sched:
         self._gallocr().reserve_n(self.graph, self.node_backend_ids, self.leaf_backend_ids)
         self.reset()
 
+    def splitting(self) -> Splitting:
+        """What the last split_graph left."""
+        return Splitting(self.splits, self.graph_inputs, self.graph, self.node_backend_ids, self.leaf_backend_ids)
+
     def reservation(self) -> Reservation:
         """What the last reserve left: the split graph copy and gallocr's layout of it."""
-        return Reservation(self.splits, self.graph_inputs, self.graph, self.node_backend_ids,
-                           self.leaf_backend_ids, self._gallocr().layout())
+        return Reservation(self.splitting(), self._gallocr().layout())
+
+    def _take_back(self, s: Splitting) -> None:
+        self.splits, self.graph_inputs, self.graph = s.splits, s.graph_inputs, s.graph
+        self.node_backend_ids, self.leaf_backend_ids = s.node_backend_ids, s.leaf_backend_ids
+
+    def reserve_split(self, s: Splitting) -> None:
+        """ggml_backend_sched_reserve of a graph built again as it was when `s` was split: splitting
+        depends on the graph alone (it starts from empty assignments; the pre-allocated tensors'
+        buffers and the backends' supports_op do not change), so the split is taken back and
+        gallocr reserves it."""
+        self._take_back(s)
+        self._gallocr().reserve_n(self.graph, self.node_backend_ids, self.leaf_backend_ids)
+        self.reset()
 
     def reserve_again(self, r: Reservation) -> None:
         """ggml_backend_sched_reserve of a graph built again as it was when `r` was taken: splitting
         and laying out depend on the graph alone (reserve starts and ends with empty assignments and
         allocators), so the result is taken back and only gallocr's buffer check runs again."""
-        self.splits, self.graph_inputs, self.graph = r.splits, r.graph_inputs, r.graph
-        self.node_backend_ids, self.leaf_backend_ids = r.node_backend_ids, r.leaf_backend_ids
+        self._take_back(r.split)
         self._gallocr().reserve_n_laid_out(r.layout)
 
     def reserve_size(self, measure_graph: Cgraph) -> list[int]:

@@ -49,9 +49,9 @@ def machine(tmp_path, monkeypatch):
     monkeypatch.setattr(det, "host_memory", lambda: meminfo(TOOLS / "meminfo-linux.txt"))
     for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES"):
         monkeypatch.delenv(var, raising=False)
-    cli_devices.detect_once.cache_clear()
+    cli_devices.forget_detection()
     yield Machine(bin_dir, monkeypatch)
-    cli_devices.detect_once.cache_clear()
+    cli_devices.forget_detection()
 
 
 def run(*args: str):
@@ -120,7 +120,7 @@ def test_different_gpus_note_the_cuda_order(machine, monkeypatch):
     assert [d["spec"] for d in found["devices"]] == [f"cuda:{7948 * MiB}:cc=8.9", f"cuda:{15799 * MiB}:cc=12.0"]
     assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in n for n in found["notes"])
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    cli_devices.detect_once.cache_clear()
+    cli_devices.forget_detection()
     assert not any("CUDA_DEVICE_ORDER" in n for n in detected()["notes"])
 
 
@@ -280,7 +280,7 @@ def test_vulkaninfo_lists_vulkan_devices_as_ggml_names_them(machine, monkeypatch
     vulkaninfo(machine)
     monkeypatch.delenv("GGML_VK_VISIBLE_DEVICES", raising=False)
     assert detected()["devices"] == []
-    cli_devices.detect_once.cache_clear()
+    cli_devices.forget_detection()
     monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", "0")
     (d,) = detected()["devices"]
     assert (d["name"], d["description"], d["backend"], d["planned"]) == ("Vulkan0", LAVAPIPE, "Vulkan", False)

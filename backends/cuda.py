@@ -630,5 +630,5 @@ def cuda_backend(index: int, cc: int, memory: int, host_buft: BufferType) -> Bac
     name = f"CUDA{index}"
     buft = BufferType(name, ALIGNMENT, SIZE_MAX, alloc_size_fn=lambda t: alloc_size(cc, t), device=name)
     return Backend(name, "GPU", buft, supports_op=lambda t: supports_op(cc, name, t),
-                   supports_buft=lambda b: b is buft, offload_op=offload_op, host_buft=host_buft,
+                   supports_buft=lambda b: b.name == buft.name, offload_op=offload_op, host_buft=host_buft,
                    is_async_with_events=True, device_name=name, memory=memory, graph_optimize=graph_optimize)

@@ -330,13 +330,16 @@ def _log_agrees(logged: list[tuple[str, str]], exact: dict[str, int]) -> bool:
 
 def run(model_path: str, params: Params, tensors: bool = False, *, keep_log: bool = False,
         log_path: Optional[str] = None, isolated: bool = True, timeout: Optional[float] = None,
-        no_alloc: bool = False) -> dict:
+        no_alloc: bool = False, draft: Optional[tuple[str, Params]] = None) -> dict:
     """Create the real llama.cpp model and context for these params and report what was reserved.
 
     keep_log: include llama.cpp's whole log under "log"; log_path: also write it to that file.
     no_alloc: load as common/fit.cpp measures (no_alloc, load_mode NONE): nothing is allocated and
     the breakdown holds the sizes --fit works with.
     isolated: run in a fresh child process (see the module docstring); False runs here.
+    draft: (path, params) of a draft model, then loaded and given a context as llama-server's
+    common_speculative_init_result does: at the model context's n_ctx, with ctx_other = that context
+    (reported under "draft").
     """
     path = Path(model_path)
     if not path.exists():
@@ -346,12 +349,13 @@ def run(model_path: str, params: Params, tensors: bool = False, *, keep_log: boo
     if not available():
         raise LlamaCppMissing()
     if not isolated:
-        return _run_here(str(model_path), params, tensors, keep_log, log_path, no_alloc)
+        return _run_here(str(model_path), params, tensors, keep_log, log_path, no_alloc, draft)
     with tempfile.TemporaryDirectory(prefix="schedplan-run-") as tmp:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(json.dumps({"model_path": str(model_path), "params": dataclasses.asdict(params),
                                        "tensors": tensors, "keep_log": keep_log, "log_path": log_path,
-                                       "no_alloc": no_alloc}))
+                                       "no_alloc": no_alloc,
+                                       "draft": [draft[0], dataclasses.asdict(draft[1])] if draft else None}))
         env = dict(os.environ, GGML_NO_BACKTRACE="1")   # an abort prints its message, not a gdb session
         n_vulkan = sum(1 for name in local_device_names(params.devices) if name.startswith("Vulkan"))
         if n_vulkan and "GGML_VK_VISIBLE_DEVICES" not in env:
@@ -491,7 +495,7 @@ def _buft_overrides(ggml: Ggml, overrides: tuple[tuple[str, str], ...]):
 
 
 def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, log_path: Optional[str],
-              no_alloc: bool = False) -> dict:
+              no_alloc: bool = False, draft: Optional[tuple[str, Params]] = None) -> dict:
     llama_cpp = import_llama_cpp()
     log = LogCapture(llama_cpp)
     llama_cpp.llama_backend_init()
@@ -501,61 +505,8 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
 
     try:
         register_rpc_servers(ggml, params.rpc)
-
-        mp = llama_cpp.llama_model_default_params()
-        mp.n_gpu_layers = params.n_gpu_layers
-        if params.split_mode not in SPLIT_MODES:
-            raise RunError(f"unknown split mode {params.split_mode!r}")
-        mp.split_mode = SPLIT_MODES[params.split_mode]
-        mp.main_gpu = params.main_gpu
-        mp.use_extra_bufts = params.use_extra_bufts
-        mp.no_host = params.no_host
-        mp.load_mtp = params.load_mtp
-        if no_alloc:     # common_get_device_memory_data_impl (common/fit.cpp)
-            mp.no_alloc = True
-            mp.load_mode = LLAMA_LOAD_MODE_NONE
-        if params.tensor_split:
-            n_max = llama_cpp.llama_max_devices()
-            if len(params.tensor_split) > n_max:
-                raise RunError(f"--tensor-split has {len(params.tensor_split)} values, llama.cpp takes at most {n_max}")
-            ts = (ctypes.c_float * n_max)(*params.tensor_split)
-            keep.append(ts)
-            mp.tensor_split = ts
-        devs = _device_list(ggml, params.devices)
-        keep.append(devs)
-        mp.devices = ctypes.cast(devs, ctypes.c_void_p)
-        if params.tensor_overrides:
-            ovr = _buft_overrides(ggml, params.tensor_overrides)
-            keep.append(ovr)
-            mp.tensor_buft_overrides = ctypes.cast(ovr, ctypes.c_void_p)
-
-        model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp)
-        if not model:
-            raise RunError(f"llama.cpp could not load {model_path}: {log.errors()}")
-
-        cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx = params.n_ctx
-        cp.n_batch = params.n_batch
-        cp.n_ubatch = params.n_ubatch
-        cp.n_seq_max = params.n_seq_max
-        cp.n_outputs_max = params.n_outputs_max      # 0: n_batch (llama-server sets n_parallel outputs)
-        cp.n_rs_seq = params.n_rs_seq
-        cp.ctx_type = {"default": 0, "mtp": 1}[params.ctx_type]     # LLAMA_CONTEXT_TYPE_DEFAULT, _MTP
-        if params.flash_attn not in FLASH_ATTN_TYPES:
-            raise RunError(f"unknown flash attention mode {params.flash_attn!r}")
-        cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]
-        for key in ("type_k", "type_v"):
-            value = getattr(params, key)
-            if value not in KV_TYPES:
-                raise RunError(f"unsupported cache type {value!r}")
-            setattr(cp, key, type_by_name(value))
-        cp.kv_unified = params.kv_unified
-        cp.swa_full = params.swa_full
-        cp.embeddings = params.embeddings
-        cp.pooling_type = POOLING_TYPES[params.pooling_type]
-        cp.offload_kqv = params.offload_kqv
-        cp.op_offload = params.op_offload
-        cp.n_threads = cp.n_threads_batch = max(1, os.cpu_count() or 1)
+        model = _load_model(llama_cpp, ggml, log, model_path, params, keep, no_alloc)
+        cp = _context_params(llama_cpp, params)
 
         recorder = TensorRecorder(ggml) if tensors else None
         if recorder is not None:
@@ -566,7 +517,7 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
         if not ctx:
             raise RunError(f"llama.cpp could not create the context: {log.errors()}")
 
-        result = _collect(llama_cpp, ggml, shim, log, model_path, model, ctx, params)
+        result = _collect(llama_cpp, ggml, shim, log.text, model_path, model, ctx, params)
 
         if recorder is not None:
             reason = _unreplayable(result)
@@ -585,6 +536,9 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
                         f"{result['graphs']['pp']['nodes']}: the allocator re-planned it, so its tensor offsets "
                         f"are not the reservation's")
 
+        if draft is not None:
+            result["draft"] = _run_draft(llama_cpp, ggml, shim, log, draft, ctx, keep)
+
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
     finally:
@@ -595,8 +549,94 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
     return result
 
 
-def _collect(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model_path: str, model, ctx, params: Params) -> dict:
-    parsed = parse_log(log.text)
+def _run_draft(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, draft: tuple[str, Params], ctx_tgt,
+               keep: list) -> dict:
+    """common_speculative_init_result: the draft model loaded after the target's context, its context
+    at the target's n_ctx with ctx_other = the target's; the sections of its result from its own log
+    lines (those after the target's)."""
+    path, params = draft
+    start = len(log.parts)
+    model = _load_model(llama_cpp, ggml, log, path, params, keep)
+    cp = _context_params(llama_cpp, params)
+    cp.n_ctx = llama_cpp.llama_n_ctx(ctx_tgt)
+    cp.ctx_other = ctx_tgt
+    ctx = llama_cpp.llama_init_from_model(model, cp)
+    if not ctx:
+        raise RunError(f"llama.cpp could not create the draft context: {log.errors()}")
+    result = _collect(llama_cpp, ggml, shim, "".join(log.parts[start:]), path, model, ctx, params)
+    out = {k: result[k] for k in ("model", "params", "compute_buffers", "graphs", "kv_buffers", "output_buffers",
+                                  "model_buffers", "checks")}
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return out
+
+
+def _load_model(llama_cpp, ggml: Ggml, log: LogCapture, model_path: str, params: Params, keep: list,
+                no_alloc: bool = False):
+    """llama_model_load_from_file with the model parameters of params (keep holds the ctypes arrays)."""
+    mp = llama_cpp.llama_model_default_params()
+    mp.n_gpu_layers = params.n_gpu_layers
+    if params.split_mode not in SPLIT_MODES:
+        raise RunError(f"unknown split mode {params.split_mode!r}")
+    mp.split_mode = SPLIT_MODES[params.split_mode]
+    mp.main_gpu = params.main_gpu
+    mp.use_extra_bufts = params.use_extra_bufts
+    mp.no_host = params.no_host
+    mp.load_mtp = params.load_mtp
+    if no_alloc:     # common_get_device_memory_data_impl (common/fit.cpp)
+        mp.no_alloc = True
+        mp.load_mode = LLAMA_LOAD_MODE_NONE
+    if params.tensor_split:
+        n_max = llama_cpp.llama_max_devices()
+        if len(params.tensor_split) > n_max:
+            raise RunError(f"--tensor-split has {len(params.tensor_split)} values, llama.cpp takes at most {n_max}")
+        ts = (ctypes.c_float * n_max)(*params.tensor_split)
+        keep.append(ts)
+        mp.tensor_split = ts
+    devs = _device_list(ggml, params.devices)
+    keep.append(devs)
+    mp.devices = ctypes.cast(devs, ctypes.c_void_p)
+    if params.tensor_overrides:
+        ovr = _buft_overrides(ggml, params.tensor_overrides)
+        keep.append(ovr)
+        mp.tensor_buft_overrides = ctypes.cast(ovr, ctypes.c_void_p)
+
+    model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp)
+    if not model:
+        raise RunError(f"llama.cpp could not load {model_path}: {log.errors()}")
+    return model
+
+
+def _context_params(llama_cpp, params: Params):
+    """llama_context_params of params."""
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx = params.n_ctx
+    cp.n_batch = params.n_batch
+    cp.n_ubatch = params.n_ubatch
+    cp.n_seq_max = params.n_seq_max
+    cp.n_outputs_max = params.n_outputs_max      # 0: n_batch (llama-server sets n_parallel outputs)
+    cp.n_rs_seq = params.n_rs_seq
+    cp.ctx_type = {"default": 0, "mtp": 1}[params.ctx_type]     # LLAMA_CONTEXT_TYPE_DEFAULT, _MTP
+    if params.flash_attn not in FLASH_ATTN_TYPES:
+        raise RunError(f"unknown flash attention mode {params.flash_attn!r}")
+    cp.flash_attn_type = FLASH_ATTN_TYPES[params.flash_attn]
+    for key in ("type_k", "type_v"):
+        value = getattr(params, key)
+        if value not in KV_TYPES:
+            raise RunError(f"unsupported cache type {value!r}")
+        setattr(cp, key, type_by_name(value))
+    cp.kv_unified = params.kv_unified
+    cp.swa_full = params.swa_full
+    cp.embeddings = params.embeddings
+    cp.pooling_type = POOLING_TYPES[params.pooling_type]
+    cp.offload_kqv = params.offload_kqv
+    cp.op_offload = params.op_offload
+    cp.n_threads = cp.n_threads_batch = max(1, os.cpu_count() or 1)
+    return cp
+
+
+def _collect(llama_cpp, ggml: Ggml, shim: Shim, log_text: str, model_path: str, model, ctx, params: Params) -> dict:
+    parsed = parse_log(log_text)
     vocab = llama_cpp.llama_model_get_vocab(model)
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     buf = ctypes.create_string_buffer(256)
@@ -880,8 +920,10 @@ def _child(request_path: str, result_path: str) -> int:
         # ggml_backend_sched_alloc_splits, so a finished decode proves the reserve's plan was reused
         os.environ["GGML_SCHED_DEBUG_REALLOC"] = "2"
     try:
+        draft = req.get("draft")
         data = _run_here(req["model_path"], params_from_dict(req["params"]), req["tensors"], req["keep_log"],
-                         req.get("log_path"), req.get("no_alloc", False))
+                         req.get("log_path"), req.get("no_alloc", False),
+                         (draft[0], params_from_dict(draft[1])) if draft else None)
         rc = 0
     except LlamaCppMissing as e:
         data, rc = {"error": str(e), "missing": True}, 2

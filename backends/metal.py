@@ -700,6 +700,6 @@ def metal_backend(index: int, memory: int, max_buffer_size: int) -> Backend:
     name = f"MTL{index}"
     buft = BufferType(name, ALIGNMENT, max_buffer_size, alloc_size_fn=alloc_size, device=name)
     mapped = BufferType(f"{name}_Mapped", ALIGNMENT, max_buffer_size, alloc_size_fn=alloc_size, device=name)
-    return Backend(name, "GPU", buft, supports_op=supports_op, supports_buft=lambda b: b is buft or b is mapped,
+    return Backend(name, "GPU", buft, supports_op=supports_op, supports_buft=lambda b: b.name in (buft.name, mapped.name),
                    offload_op=offload_op, is_async_with_events=True, device_name=name, mapped_buft=mapped,
                    memory=memory, graph_optimize=graph_optimize)

@@ -26,7 +26,9 @@ def rpc_backend(endpoint: str, global_id: int, memory: Optional[tuple[int, int]]
         return True
 
     def supports_buft(b: BufferType) -> bool:
-        return b is buft
+        # an RPC buffer type of this server and device (2223): its name says both. By name, not identity:
+        # a second context's devices (a draft's, beside its target's buffers) are planned anew
+        return b.name == buft.name
 
     return Backend(name, "GPU", buft, supports_op, supports_buft, device_name=f"RPC{global_id}",
                    is_async_with_events=True, memory=memory[0] if memory else None,

@@ -685,6 +685,6 @@ def vulkan_backend(index: int, memory: int, dev: VulkanDevice, host_buft: Buffer
     name = f"Vulkan{index}"
     buft = BufferType(name, dev.min_storage_buffer_offset_alignment, dev.suballocation_block_size, device=name)
     return Backend(name, "IGPU" if dev.integrated else "GPU", buft, supports_op=partial(supports_op, dev),
-                   supports_buft=lambda b: b is buft, offload_op=offload_op, host_buft=host_buft,
+                   supports_buft=lambda b: b.name == buft.name, offload_op=offload_op, host_buft=host_buft,
                    is_async_with_events=True, device_name=name, memory=memory, graph_optimize=graph_optimize,
                    mmap_support=not dev.integrated)

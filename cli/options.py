@@ -541,3 +541,38 @@ def model_options(required: bool = True, then: Optional[str] = None) -> Callable
             wrapper = option(wrapper)
         return wrapper
     return decorate
+
+
+def draft_options(func: Callable) -> Callable:
+    """llama-server's draft-model flags; the command receives `draft`: the draft model's SpecParams
+    (its file, -ngld, -ctkd, -ctvd; the speculative type as llama-server reads it from the draft's
+    header), or None without -md."""
+    options = [
+        click.option("-md", "--model-draft", "--spec-draft-model", "draft_path", type=click.Path(dir_okay=False),
+                     help="A draft model (speculative decoding), loaded after the model as llama-server loads it: "
+                     "its weights and its context at the model's context size, beside the model's (a Gemma 4 "
+                     "assistant reads the model's token embedding and K/V cache)."),
+        click.option("-ngld", "--gpu-layers-draft", "--spec-draft-ngl", "draft_n_gpu_layers", type=Int32(), default=-1,
+                     show_default=True, help="Layers of the draft model to offload to devices; -1 = all."),
+        click.option("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k", "draft_type_k", type=click.Choice(KV_TYPES),
+                     default="f16", show_default=True, help="K cache type of the draft context."),
+        click.option("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v", "draft_type_v", type=click.Choice(KV_TYPES),
+                     default="f16", show_default=True, help="V cache type of the draft context."),
+    ]
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from ..planner.server import SpecParams, draft_types_from_gguf
+
+        path, ngl = kwargs.pop("draft_path"), kwargs.pop("draft_n_gpu_layers")
+        type_k, type_v = kwargs.pop("draft_type_k"), kwargs.pop("draft_type_v")
+        draft = None
+        if path:
+            with fail_cleanly():
+                draft = draft_types_from_gguf(SpecParams(draft_path=path, n_gpu_layers=ngl, type_k=type_k,
+                                                         type_v=type_v))
+        return func(*args, draft=draft, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper

@@ -1,6 +1,7 @@
 """`schedplan reserve`: what llama.cpp will reserve for a model, and why."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from tabulate import tabulate
 
 from .errors import fail_cleanly
 from ..planner.devices import BadDevices
-from .options import SERVER_NAMES, fit_target_option, mmproj_options, model_options, plan_options
+from .options import SERVER_NAMES, draft_options, fit_target_option, mmproj_options, model_options, plan_options
 from ..planner.params import Params
 
 MiB = 1024 * 1024
@@ -34,6 +35,7 @@ def signed(delta: int) -> str:
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- llama-server ARGS]")
 @plan_options
 @mmproj_options
+@draft_options
 @click.option("--tensors", is_flag=True, help="List every tensor of the graph with its buffer and offset.")
 @click.option("--peak", is_flag=True,
               help="For each compute buffer, the node at which the graph's allocation peaks (numbered as "
@@ -44,8 +46,8 @@ def signed(delta: int) -> str:
                    "(as --fit keeps it)  [default: 1024]")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the machine-readable result (peaks of both graphs included, under \"peaks\").")
-def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, tensors: bool, peak: bool, graph: str,
-            fit_target: list[int] | None, as_json: bool) -> None:
+def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, draft, tensors: bool, peak: bool,
+            graph: str, fit_target: list[int] | None, as_json: bool) -> None:
     """Plan the buffers llama.cpp reserves for MODEL (a GGUF file; only its header is read).
 
     MODEL may be the first part of a split GGUF (NAME-00001-of-0000N.gguf: the other parts are read
@@ -67,8 +69,12 @@ def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, te
     what that command reserves (llama-server's flags, LLAMA_ARG_* variables and defaults as
     `schedplan fit -- llama-server` reads them), with --fit off as given, or with the flags --fit
     picks; its projector as below. With speculative decoding the model's context is the one
-    llama-server creates (MTP drafting: the NextN block loaded, recurrent-state snapshots); the
-    draft model and its context are not listed (`schedplan fit` counts them).
+    llama-server creates (MTP drafting: the NextN block loaded, recurrent-state snapshots).
+
+    With a draft model (-md FILE, and -ngld, -ctkd, -ctvd; or llama-server's draft flags) also what
+    llama-server creates after the model: the draft's weights and its context, at the model's
+    context size, with its compute, KV and output buffers. A Gemma 4 assistant's context reads the
+    model's token embedding and K/V cache (ctx_other): it holds no KV buffer of its own.
 
     With a multimodal projector (-mm FILE, -mmu URL, or the mmproj-*.gguf -hf picks unless
     --no-mmproj), also what llama-server loads beside the model: per encoder its weights and its
@@ -84,16 +90,22 @@ def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, te
     from ..planner.download import read_model_header
     from ..planner.reserve import reserve as plan
 
+    from .run import with_draft
+
     header = None
     with fail_cleanly():
         if Path(model).name in SERVER_NAMES:
-            model, params, fit_target, mmproj = server_plan(model, list(server_args), params)
+            if draft is not None:
+                raise click.UsageError("with `-- llama-server ARGS`, give the draft model after llama-server")
+            model, params, fit_target, mmproj, extra = server_plan(model, list(server_args), params)
         elif server_args:
             raise click.UsageError(f"got unexpected extra arguments ({' '.join(server_args)})")
         else:
             header = read_model_header(model, params.header_cache)
             params, _ = for_this_machine(params)
-        result = plan(model, params, tensors=tensors, graph=graph, margins=fit_target, mmproj=mmproj, header=header)
+            params, extra = with_draft(model, params, draft)
+        result = plan(model, params, tensors=tensors, graph=graph, margins=fit_target, mmproj=mmproj, header=header,
+                      draft=extra)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -104,9 +116,12 @@ def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, te
 
 
 def server_plan(argv0: str, argv: list[str], declared: Params):
-    """(model, Params, -fitt, projector) of a llama-server command line: its context as llama-server
-    creates it (cli/rank.py prepare), as given with --fit off, else with what --fit picks (what
-    `schedplan fit -- llama-server` prints)."""
+    """(model, Params, -fitt, projector, draft) of a llama-server command line: its context as
+    llama-server creates it (cli/rank.py prepare), as given with --fit off, else with what --fit
+    picks (what `schedplan fit -- llama-server` prints); the draft model llama-server then loads (an
+    MTP context over the model's own weights is not listed). After --fit the draft's tensor split is
+    the fitted one: common_fit_params writes it into common_params::tensor_split, which
+    common_base_params_to_speculative copies for the draft."""
     from . import llama_server as ls
     from .fit import given_options, server_jobs
     from .rank import fit_job, prepare
@@ -122,8 +137,10 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
     job = jobs[0]
     if job.error:
         raise BadDevices(job.error)
+    params, extra, _ = prepare(job)
+    draft = extra if extra is not None and not extra.shares_model else None
     if not ls.parse(argv).params.fit:
-        return job.model, prepare(job)[0], job.margins, job.mmproj
+        return job.model, params, job.margins, job.mmproj, draft
     try:
         result = fit_job(job).result
     except RuntimeError as e:
@@ -131,7 +148,10 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
     if result.status != 0:
         raise BadDevices(f"llama-server's --fit would fail ({result.message}); llama-server then loads the flags as "
                          f"given: add -fit off to plan those")
-    return job.model, result.params, job.margins, job.mmproj
+    if draft is not None:
+        draft = dataclasses.replace(draft, params=dataclasses.replace(draft.params,
+                                                                      tensor_split=result.params.tensor_split))
+    return job.model, result.params, job.margins, job.mmproj, draft
 
 
 def render(result: dict) -> str:
@@ -145,6 +165,10 @@ def render(result: dict) -> str:
         out += ["", splits_table(result["splits"])]
     if "tensors" in result:
         out += ["", tensors_table(result["tensors"])]
+    if "draft" in result:
+        d = result["draft"]
+        out += ["", "draft model, its context created after the model's:", _params_line(d), "", buffers_table(d), "",
+                graphs_table(d)]
     return "\n".join(out)
 
 
@@ -180,7 +204,8 @@ def device_memory_table(rows: list[dict]) -> str:
     for d in rows:
         spare = d["projected_free"] - d["target"]
         verdict = f"fits, {mib(spare)} MiB to spare" if spare >= 0 else f"short by {mib(-spare)} MiB"
-        table.append([d["device"], mib(d["free"]), mib(d["model"] + d["context"] + d["compute"] + d.get("projector", 0)),
+        table.append([d["device"], mib(d["free"]), mib(d["model"] + d["context"] + d["compute"] + d.get("projector", 0)
+                                                            + d.get("draft", 0)),
                       mib(d["projected_free"]), mib(d["target"]), verdict])
     return tabulate(table, headers=["device", "free MiB", "used MiB", "left MiB", "target MiB", "verdict"],
                     disable_numparse=True, stralign="right")

@@ -4,13 +4,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+from typing import TYPE_CHECKING, Optional
 
 import click
 
-from .errors import die
-from .options import model_options, plan_options
+from .errors import die, fail_cleanly
+from .options import draft_options, model_options, plan_options
 from ..planner.download import is_url
 from ..planner.params import Params
+
+if TYPE_CHECKING:
+    from ..planner.fit import ExtraModel
+    from ..planner.server import SpecParams
 
 
 def local_rpc_option(func):
@@ -47,12 +52,23 @@ def local_model(model: str) -> str:
     return model
 
 
-def real_run(model: str, params: Params, tensors: bool, log_path: str | None = None) -> dict:
+def with_draft(model: str, params: Params, draft: Optional["SpecParams"]) -> tuple[Params, Optional["ExtraModel"]]:
+    """The model's parameters and the draft model's (llama-server's speculative_params: the draft's
+    own -ngld, -ctkd, -ctvd; one output per slot) for -md, else params as given and no draft."""
+    if draft is None:
+        return params, None
+    from ..planner.server import speculative_params
+    return speculative_params(model, params, draft)
+
+
+def real_run(model: str, params: Params, tensors: bool, log_path: str | None = None,
+             draft: Optional["ExtraModel"] = None) -> dict:
     """run() with every failure turned into one line on stderr and a non-zero exit."""
     from ..backends import llama_cpp_run as lcr
 
     try:
-        return lcr.run(model, params, tensors=tensors, log_path=log_path)
+        return lcr.run(model, params, tensors=tensors, log_path=log_path,
+                       draft=(draft.path, draft.params) if draft is not None else None)
     except lcr.LlamaCppMissing as e:
         click.echo(str(e), err=True)
         raise SystemExit(2)
@@ -82,13 +98,14 @@ def exact_bytes_table(result: dict) -> str:
 @click.command("run")
 @model_options()
 @plan_options
+@draft_options
 @local_rpc_option
 @click.option("--tensors", is_flag=True,
               help="Also decode the reserve's pp ubatch once and list every tensor with its buffer and offset.")
 @click.option("--json", "as_json", is_flag=True, help="Print the machine-readable result.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None,
               help="Write llama.cpp's whole log to this file.")
-def run(model: str, params: Params, local_rpc: int, tensors: bool, as_json: bool, log_path: str | None) -> None:
+def run(model: str, params: Params, draft, local_rpc: int, tensors: bool, as_json: bool, log_path: str | None) -> None:
     """Run MODEL in real llama.cpp with these flags and report what it reserved, byte for byte.
 
     Same flags and the same report as `schedplan reserve`, measured instead of planned: compute,
@@ -107,7 +124,9 @@ def run(model: str, params: Params, local_rpc: int, tensors: bool, as_json: bool
         click.echo(lcr.MISSING_MESSAGE, err=True)
         raise SystemExit(2)
     with with_local_rpc(params, local_rpc) as p:
-        result = real_run(model, p, tensors, log_path)
+        with fail_cleanly():
+            p, extra = with_draft(model, p, draft)
+        result = real_run(model, p, tensors, log_path, extra)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return

@@ -7,8 +7,8 @@ import click
 from tabulate import tabulate
 
 from .errors import fail_cleanly
-from .options import model_options, plan_options
-from .run import local_model, local_rpc_option, real_run, with_local_rpc
+from .options import draft_options, model_options, plan_options
+from .run import local_model, local_rpc_option, real_run, with_draft, with_local_rpc
 from ..planner.params import Params
 from ..planner import reserve as planner
 
@@ -46,9 +46,10 @@ def render_mismatch(m: dict) -> str:
 @click.command("verify")
 @model_options()
 @plan_options
+@draft_options
 @local_rpc_option
 @click.option("--json", "as_json", is_flag=True, help="Print rows and the first tensor mismatch as JSON.")
-def verify(model: str, params: Params, local_rpc: int, as_json: bool) -> None:
+def verify(model: str, params: Params, draft, local_rpc: int, as_json: bool) -> None:
     """Plan MODEL and run it in real llama.cpp with the same flags; compare every field.
 
     Prints one table (field, plan, real, equal) and, when tensor placements differ, the first
@@ -69,8 +70,9 @@ def verify(model: str, params: Params, local_rpc: int, as_json: bool) -> None:
         raise SystemExit(2)
     with with_local_rpc(params, local_rpc) as p:
         with fail_cleanly():
-            plan = planner.reserve(model, p, tensors=True)
-        real = real_run(model, p, tensors=True)
+            p, extra = with_draft(model, p, draft)
+            plan = planner.reserve(model, p, tensors=True, draft=extra)
+        real = real_run(model, p, tensors=True, draft=extra)
     rows = diff(plan, real)
     mismatch = first_tensor_mismatch(plan, real)
     summary = tensor_summary(plan, real) if plan.get("tensors") and real.get("tensors") else None

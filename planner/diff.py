@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 # the sections compared field by field; "source", "checks", "log", "tensors" and the model path are not
 SECTIONS = ("model", "params", "compute_buffers", "kv_buffers", "output_buffers", "model_buffers", "graphs")
-SKIP = {"model.path"}
+SKIP = {"model.path", "draft.model.path"}
 MISSING = None
 
 
@@ -54,6 +54,9 @@ def flat_fields(result: dict) -> dict[str, Any]:
     for section in SECTIONS:
         if section in result:
             _flatten(result[section], section, out)
+    for section in SECTIONS:   # a draft model's context (-md), compared as the model's
+        if section in result.get("draft", {}):
+            _flatten(result["draft"][section], f"draft.{section}", out)
     for key in SKIP:
         out.pop(key, None)
     return out

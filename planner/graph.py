@@ -185,6 +185,7 @@ class GraphContext:
     t_inp_embd: Optional[Tensor] = None  # res->t_inp_embd: the input rows (n_embd of each when n_embd_inp is wider)
     t_h_nextn: Optional[Tensor] = None   # the last hidden state, kept for multi-token prediction
     t_inp_tokens: Optional[Tensor] = None  # res->t_inp_tokens
+    model_other: Optional[Model] = None  # llama_get_model(cparams.ctx_other): the target a draft head reads
     fused_nodes: list[tuple[str, Tensor, int]] = field(default_factory=list)   # res->add_fused_node: (op, node, il)
     renamed_persistent: bool = False     # cb() named a weight or a cache tensor: later graphs see the name
     # (input, its set_input) for the inputs every decode writes without asking whether they have a

@@ -141,7 +141,8 @@ def sum_breakdowns(*memories) -> dict[str, int]:
 
 
 def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_size: int, n_seq_max: int,
-                    unified: bool, buft_for_layer, layer_filter=None, reuse=None, name_tag: str = "") -> KVCache:
+                    unified: bool, buft_for_layer, layer_filter=None, reuse=None, name_tag: str = "",
+                    other: Optional[KVCache] = None, share=None) -> KVCache:
     """llama_kv_cache::llama_kv_cache: one K and one V tensor per layer that has its own K/V
     (hparams.has_kv) and passes the filter, one buffer per buffer type; `reuse(il)` (the layer whose
     K/V a layer reads, or -1) maps the other layers onto those of earlier ones.
@@ -150,7 +151,14 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
     Buffers come from gallocr.alloc_ctx_tensors (ggml_backend_alloc_ctx_tensors_from_buft), one per
     buffer type, visited in buffer-type name order as llama.cpp's ctx_map sorts them. name_tag keeps
     the tensor names of a model's second cache unique (cache_<tag>k_l<il>).
+
+    other (mem_other: the cache of the context's ctx_other) and `share(il)` (the other's layer whose
+    K/V a layer reads, or -1): a shared layer holds the other's K and V tensors, no tensor of its own;
+    the cache then takes the other's size (shared cells view the source tensors), its head sizes and
+    rotations ([TAG_KV_CACHE_SHARE_CELLS]).
     """
+    if other is not None:
+        kv_size = other.kv_size   # "kv_size = %u overridden to %u to match the shared source cache"
     n_stream = 1 if unified else n_seq_max
     layers: dict[int, KVLayer] = {}
     by_buft: dict[str, tuple[BufferType, list[Tensor]]] = {}
@@ -158,6 +166,14 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
     is_mla = hp.is_mla()
     for il in range(hp.n_layer_all):    # the NextN layers too, unless the filter drops them
         if not hp.has_kv(il) or (layer_filter is not None and not layer_filter(il)):
+            continue
+        if share is not None and other is not None and share(il) >= 0:
+            # other->layers[other->map_layer_ids[il_share]]: a layer the other does not map reads its first
+            src = other.layers.get(share(il)) or next(iter(other.layers.values()), None)
+            if src is None:
+                raise GGMLAbort(f"llama.cpp would crash creating the KV cache: layer {il} shares the K/V of layer "
+                                f"{share(il)} of a cache without layers")
+            layers[il] = KVLayer(il, src.k, src.v)
             continue
         if n_embd_head_k_all == 0:
             n_embd_head_k_all = hp.n_embd_head_k(il)
@@ -192,6 +208,10 @@ def create_kv_cache(hp: HParams, type_k: int, type_v: int, v_trans: bool, kv_siz
     for name in sorted(by_buft):
         buft, tensors = by_buft[name]
         cache.buffers[name] = alloc_ctx_tensors(buft, tensors, usage="any")
+    if other is not None:
+        cache.n_embd_head_k_all = other.n_embd_head_k_all
+        cache.attn_rot_k, cache.attn_rot_v = other.attn_rot_k, other.attn_rot_v
+        return cache
     # attn_rot_k/v: Hadamard rotations for quantized caches whose layers share one head size
     # (the % 64 checks read layer 0's head size, as llama.cpp's n_embd_head_k() does)
     cache.attn_rot_k = n_embd_head_k_all > 0 and ggml.is_quantized(type_k) and hp.n_embd_head_k() % 64 == 0

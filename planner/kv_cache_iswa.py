@@ -31,12 +31,16 @@ def swa_size(hp: HParams, cp: CParams, unified: Optional[bool] = None) -> int:
 
 
 def create_kv_cache_iswa(hp: HParams, cp: CParams, v_trans: bool, buft_for_layer, layer_filter=None,
-                         reuse=None, unified: Optional[bool] = None) -> KVCacheISWA:
+                         reuse=None, unified: Optional[bool] = None, mem_other: Optional[KVCacheISWA] = None,
+                         share=None) -> KVCacheISWA:
     """unified: the context's -kvu unless the caller's memory says otherwise (DeepSeek-V4's raw
-    cache is never unified)."""
+    cache is never unified). mem_other: the iswa cache of ctx_other, whose base and SWA caches the
+    base and SWA caches share layers with (`share`, see create_kv_cache)."""
     unified = cp.kv_unified if unified is None else unified
 
-    def cache(size: int, swa: bool) -> KVCache:
+    def cache(size: int, swa: bool, other: Optional[KVCache]) -> KVCache:
         return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, size, cp.n_seq_max, unified, buft_for_layer,
-                               lambda il: hp.is_swa(il) == swa and (layer_filter is None or layer_filter(il)), reuse)
-    return KVCacheISWA(cache(cp.n_ctx_seq, False), cache(swa_size(hp, cp, unified), True))
+                               lambda il: hp.is_swa(il) == swa and (layer_filter is None or layer_filter(il)), reuse,
+                               other=other, share=share)
+    return KVCacheISWA(cache(cp.n_ctx_seq, False, mem_other.base if mem_other else None),
+                       cache(swa_size(hp, cp, unified), True, mem_other.swa if mem_other else None))

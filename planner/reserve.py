@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Union
@@ -30,6 +31,7 @@ from .params import Params
 from .sched import Sched, Splitting
 
 if TYPE_CHECKING:
+    from .fit import ExtraModel
     from .mtmd.mtmd import MmprojParams, MmprojPlan
 
 SCHEMA = "schedplan.reserve/1"
@@ -75,10 +77,14 @@ class Context:
     sched: Sched
     output_buffer_size: int
     graph_renames_persistent: bool = False   # a built graph renamed a weight or a cache tensor
+    ctx_other: Optional["Context"] = None    # cparams.ctx_other: the target context a draft head reads
 
 
-def create_context(model_path: str, params: Params, header: Optional[GGUFHeader] = None) -> Context:
-    """header: the model's header when the caller already read it (fit measures a model many times)."""
+def create_context(model_path: str, params: Params, header: Optional[GGUFHeader] = None,
+                   ctx_other: Optional[Context] = None) -> Context:
+    """header: the model's header when the caller already read it (fit measures a model many times).
+    ctx_other: the target's context, for a draft head that reads the target's tensors
+    (llama_context_params.ctx_other, which llama-server sets for every draft context)."""
     ml = ModelLoader(header or read_model_header(model_path, params.header_cache), params.header_cache)
     hp = load_hparams(ml)
     cp = derive_cparams(params, hp)
@@ -87,15 +93,15 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
                          load_mtp=params.load_mtp)
     if cp.mtp:
         check_mtp_context(ml, hp)
-    check_ctx_other(ml, model)   # llama_context's constructor, first
+    ctx_other = check_ctx_other(ml, model, ctx_other)   # llama_context's constructor, first
     if cp.mtp and not hasattr(models.module(hp.arch), "build_mtp"):
         raise NotImplementedError(f"MTP drafting (--spec-type draft-mtp) of a {hp.arch} model is not planned "
                                   f"(planned: qwen35, qwen35moe)")
     # the cache is created before the FA probe: "auto" still counts as on (v_trans = !flash_attn)
-    kv = create_memory(hp, cp, devices)
+    kv = create_memory(hp, cp, devices, ctx_other)
     output_size = output_reserve_size(hp, cp)
     sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
-    return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size)
+    return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size, ctx_other=ctx_other)
 
 
 def output_reserve_size(hp: HParams, cp: CParams) -> int:
@@ -115,22 +121,33 @@ class ContextRefused(UnsupportedModel):
     create it: the plan refuses those.)"""
 
 
-def check_ctx_other(ml: ModelLoader, model: Model) -> None:
-    """llama_context's constructor: a draft head without its own token_embd or output reads the
-    target's through ctx_other, which only speculative decoding sets (common_fit_params measures the
-    draft without it, fails, and fits the main model alone)."""
-    if model.hparams.arch == "gemma4-assistant":
-        raise ContextRefused(f"{ml.header.path}: Gemma4Assistant requires ctx_other to be set: llama.cpp creates the "
-                             f"context of a Gemma 4 assistant only beside its target model, whose token_embd and K/V "
-                             f"cache it reads (llama-server --spec-type draft-mtp -md FILE)")
-    if model.hparams.arch == "dflash" and model.tok_embd is not None and model.output is not None:
+def check_ctx_other(ml: ModelLoader, model: Model, ctx_other: Optional[Context]) -> Optional[Context]:
+    """llama_context's constructor: cparams.ctx_other, which a Gemma 4 assistant always needs and a
+    draft head without its own token_embd or output needs to read the target's; only speculative
+    decoding sets it (common_fit_params measures the draft without it, fails, and fits the main model
+    alone). Other models ignore it (None)."""
+    arch = model.hparams.arch
+    if arch == "gemma4-assistant":
+        if ctx_other is None:
+            raise ContextRefused(f"{ml.header.path}: Gemma4Assistant requires ctx_other to be set: llama.cpp creates "
+                                 f"the context of a Gemma 4 assistant only beside its target model, whose token_embd "
+                                 f"and K/V cache it reads (llama-server --spec-type draft-mtp -md FILE)")
+        return ctx_other
+    if arch == "dflash" and model.tok_embd is not None and model.output is not None:
         raise NotImplementedError("a DFlash drafter with its own token_embd and output (which llama.cpp runs alone) "
                                   "is not planned")
-    if model.hparams.arch in ("eagle3", "dflash") and (model.tok_embd is None or model.output is None):
-        arch = model.hparams.arch
-        raise ContextRefused(f"{ml.header.path}: {arch} requires ctx_other to be set: llama.cpp creates the context of "
-                             f"a head without its own token_embd and output only beside its target model (llama-server "
-                             f"--spec-type draft-{arch} -md FILE)")
+    if arch in ("eagle3", "dflash") and (model.tok_embd is None or model.output is None):
+        if ctx_other is None:
+            raise ContextRefused(f"{ml.header.path}: {arch} requires ctx_other to be set: llama.cpp creates the "
+                                 f"context of a head without its own token_embd and output only beside its target "
+                                 f"model (llama-server --spec-type draft-{arch} -md FILE)")
+        for name, what in (("selector_hidden.weight", "a DFlash2 drafter (convolutions and a selector)"),
+                           ("markov_w1.weight", "a DSpark drafter (a Markov head)")):
+            if ml.get_weight(name) is not None:
+                raise NotImplementedError(f"the context of {what} beside its target model is not planned (planned: "
+                                          f"the DFlash decoder)")
+        return ctx_other
+    return None
 
 
 def check_mtp_context(ml: ModelLoader, hp: HParams) -> None:
@@ -161,9 +178,10 @@ MSA_ARCHS = frozenset({"minimax-m3"})
 RESERVE_PP_ONE_SEQ_ARCHS = frozenset({"kimi-linear", "minimax-01"})
 
 
-def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, KVCacheISWA, KVCacheDSA, KVCacheDSAISWA,
-                                                                      KVCacheDSV4, KVCacheMSA, MemoryRecurrent,
-                                                                      MemoryHybrid, None]:
+def create_memory(hp: HParams, cp: CParams, devices: Devices,
+                  ctx_other: Optional[Context] = None) -> Union[KVCache, KVCacheISWA, KVCacheDSA, KVCacheDSAISWA,
+                                                                KVCacheDSV4, KVCacheMSA, MemoryRecurrent, MemoryHybrid,
+                                                                None]:
     """llama_model::create_memory: llama_memory_recurrent (r/s states in f32, one cell per
     sequence and cp.n_rs_seq rollback snapshots of it), llama_memory_hybrid (the
     attention layers in a llama_kv_cache, or a llama_kv_cache_iswa for llama_memory_hybrid_iswa
@@ -171,8 +189,8 @@ def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, 
     layer filters; with an indexer cache beside, llama_memory_hybrid_idx), llama_kv_cache_dsa for
     DeepSeek sparse attention (llama_kv_cache_dsa_iswa beside sliding-window layers), llama_kv_cache_msa
     for MiniMax sparse attention, llama_kv_cache_dsv4 for DeepSeek-V4, llama_kv_cache, or
-    llama_kv_cache_iswa when the model has sliding-window layers; None for the architectures that
-    keep no memory."""
+    llama_kv_cache_iswa when the model has sliding-window layers (a Gemma 4 assistant's over the
+    target's: every layer shares its K/V); None for the architectures that keep no memory."""
     def kv_buft(il: int):
         # the layer's device buffer type with offload_kqv, else the CPU buffer type
         return devices.layer_backend[il].buft if cp.offload_kqv else devices.cpu.buft
@@ -265,9 +283,31 @@ def create_memory(hp: HParams, cp: CParams, devices: Devices) -> Union[KVCache, 
         if not hp.is_swa_any():
             raise GGMLAbort("llama.cpp would abort creating the KV cache (llama-model.cpp GGML_ASSERT(is_swa_any())): "
                             "sliding-window attention without a sliding-window layer")
+        if hp.arch == "gemma4-assistant":
+            return create_kv_cache_iswa(hp, cp, v_trans, kv_buft, layer_filter, reuse,
+                                        mem_other=gemma4_assistant_mem_other(ctx_other), share=gemma4_assistant_share(hp, ctx_other))
         return create_kv_cache_iswa(hp, cp, v_trans, kv_buft, layer_filter, reuse)
     return create_kv_cache(hp, cp.type_k, cp.type_v, v_trans, cp.n_ctx_seq, cp.n_seq_max, cp.kv_unified, kv_buft,
                            layer_filter)
+
+
+def gemma4_assistant_mem_other(ctx_other: Context) -> KVCacheISWA:
+    """llama_get_memory(cparams.ctx_other), which llama_kv_cache_iswa casts to an iswa cache."""
+    if not isinstance(ctx_other.kv, KVCacheISWA):
+        raise GGMLAbort(f"llama.cpp would crash creating the Gemma 4 assistant's KV cache: it reads its target's "
+                        f"cache as a sliding-window (iswa) cache, and the target ({ctx_other.hparams.arch}) keeps "
+                        f"{'none' if ctx_other.kv is None else 'another kind'}")
+    return ctx_other.kv
+
+
+def gemma4_assistant_share(hp: HParams, ctx_other: Context):
+    """create_memory's share for LLM_ARCH_GEMMA4_ASSISTANT: a sliding-window layer reads the K/V of the
+    target's last but one layer, a full one its last layer (llama_model_n_layer(model_other) - 2 / - 1)."""
+    n_layer_other = ctx_other.hparams.n_layer
+
+    def share(il: int) -> int:
+        return n_layer_other - 2 if hp.is_swa(il) else n_layer_other - 1
+    return share
 
 
 def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
@@ -284,7 +324,8 @@ def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
     def pin_cpu(t: ggml.Tensor) -> None:
         sched.set_tensor_backend(t, devices.backend_index(devices.cpu))
 
-    g = GraphContext(ctx.model, ctx.cparams, ctx.kv, ubatch, pin=pin, pin_cpu=pin_cpu)
+    g = GraphContext(ctx.model, ctx.cparams, ctx.kv, ubatch, pin=pin, pin_cpu=pin_cpu,
+                     model_other=ctx.ctx_other.model if ctx.ctx_other is not None else None)
     module = models.module(ctx.hparams.arch)
     (module.build_mtp if ctx.cparams.mtp else module.build)(g)
     g.build_pooling()
@@ -462,12 +503,14 @@ def _buffer_sizes(ctx: Context, per_backend: list[int]) -> dict[str, int]:
 
 def reserve(model_path: str, params: Params, tensors: bool = False, graph: str = "pp",
             margins: Optional[list[int]] = None, mmproj: Optional["MmprojParams"] = None,
-            header: Optional[GGUFHeader] = None) -> dict:
+            header: Optional[GGUFHeader] = None, draft: Optional["ExtraModel"] = None) -> dict:
     """Plan everything llama.cpp reserves for this model and these parameters, as a JSON-able dict.
     margins: the free memory to keep per device (-fitt), for the verdict on devices of known memory.
     mmproj: a multimodal projector loaded beside the model, as llama-server loads it ("projector":
     its encoders' weights and warm-up compute buffers per buffer type, and per device).
-    header: the model's header when the caller already read it."""
+    header: the model's header when the caller already read it.
+    draft: a draft model llama-server loads after the model, with its context ("draft", see
+    reserve_draft)."""
     projector = None
     if mmproj is not None:
         from .mtmd.mtmd import mtmd_get_memory_usage
@@ -476,26 +519,18 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         check_mmproj_for_model(projector, model_path, params.header_cache)
     ctx = create_context(model_path, params, header)
     stats = sched_reserve(ctx)
-    compute = _buffer_sizes(ctx, [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))])
-    result = {
-        "schema": SCHEMA,
-        "source": "plan",
-        "llama_cpp": {"commit": LLAMA_CPP_COMMIT},
-        "model": model_summary(ctx),
-        "params": effective_params(ctx),
-        "compute_buffers": compute,
-        "graphs": {name: {k: v for k, v in vars(s).items() if k not in ("split_list", "peaks")}
-                   for name, s in stats.items()},
-        "splits": {name: s.split_list for name, s in stats.items()},
-        "peaks": {name: s.peaks for name, s in stats.items()},
-        "kv_buffers": memory_breakdown(ctx),
-        "output_buffers": {ctx.devices.output_buft.name: ctx.devices.output_buft.buffer_size(ctx.output_buffer_size)},
-        "model_buffers": _sum_by_buft(ctx.model.buffers),
-    }
+    result = {"schema": SCHEMA, "source": "plan", "llama_cpp": {"commit": LLAMA_CPP_COMMIT},
+              **context_sections(ctx, stats),
+              "splits": {name: s.split_list for name, s in stats.items()},
+              "peaks": {name: s.peaks for name, s in stats.items()}}
     if projector is not None:
         result["projector"] = projector.summary()
+    ctx_dft = None
+    if draft is not None:
+        ctx_dft, stats_dft = reserve_draft(ctx, draft)
+        result["draft"] = context_sections(ctx_dft, stats_dft)
     if ctx.devices.model_devices() and all(b.memory is not None for b in ctx.devices.model_devices()):
-        result["device_memory"] = device_memory_verdict(ctx, margins, projector)
+        result["device_memory"] = device_memory_verdict(ctx, margins, projector, ctx_dft)
     if tensors:
         if graph == "tg":
             n_seqs = ctx.cparams.n_seq_max
@@ -504,27 +539,60 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
     return result
 
 
+def reserve_draft(ctx_tgt: Context, draft: "ExtraModel") -> tuple[Context, dict[str, GraphStats]]:
+    """common_speculative_init_result (common/speculative.cpp): after the target's context, the draft
+    model is loaded with its own model parameters and its context created at the target's context
+    size (llama_n_ctx(ctx_tgt)) with ctx_other = ctx_tgt, which a Gemma 4 assistant reads (the
+    target's token_embd and K/V cache: its cache holds no tensor of its own), a DFlash drafter or an
+    EAGLE-3 head without its own embedding and head reads (the target's token_embd and output), and
+    other drafts ignore. The draft's context, reserved."""
+    params = dataclasses.replace(draft.params, n_ctx=ctx_tgt.cparams.n_ctx)
+    ctx = create_context(draft.path, params, ctx_other=ctx_tgt)
+    return ctx, sched_reserve(ctx)
+
+
+def context_sections(ctx: Context, stats: dict[str, GraphStats]) -> dict:
+    """A reserved context's model, effective parameters, graphs and buffers per buffer type."""
+    return {"model": model_summary(ctx), "params": effective_params(ctx),
+            "compute_buffers": _buffer_sizes(ctx, [ctx.sched.get_vbuffer_size(i)
+                                                   for i in range(len(ctx.devices.backends))]),
+            "graphs": {name: {k: v for k, v in vars(s).items() if k not in ("split_list", "peaks")}
+                       for name, s in stats.items()},
+            "kv_buffers": memory_breakdown(ctx),
+            "output_buffers": {ctx.devices.output_buft.name: ctx.devices.output_buft.buffer_size(ctx.output_buffer_size)},
+            "model_buffers": _sum_by_buft(ctx.model.buffers)}
+
+
 def memory_breakdown(ctx: Context) -> dict[str, int]:
     """The memory module's buffers per buffer type (none without memory)."""
     return ctx.kv.memory_breakdown() if ctx.kv is not None else {}
 
 
-def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector: Optional["MmprojPlan"] = None) -> list[dict]:
+def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector: Optional["MmprojPlan"] = None,
+                          ctx_dft: Optional[Context] = None) -> list[dict]:
     """Per device of known memory, what this plan uses there (model, context, compute: what --fit
-    counts; and a projector's weights and warm-up buffers on that device, its gen-audio weights
-    included) against its free memory and the margin --fit keeps (-fitt, default 1024 MiB)."""
+    counts; a projector's weights and warm-up buffers on that device, its gen-audio weights
+    included; a draft model's weights, context and compute buffers, which llama-server allocates after
+    fitting) against its free memory and the margin --fit keeps (-fitt, default 1024 MiB)."""
     from .fit import device_memory, fit_targets
 
+    def usage_of(c: Context) -> dict[str, int]:
+        sizes = [c.sched.get_vbuffer_size(i) for i in range(len(c.devices.backends))]
+        dmds = device_memory(c, sizes, 0)    # the host's row is not part of the verdict
+        return {b.device_name: d.used() for b, d in zip(c.devices.model_devices(), dmds)}
+
     sizes = [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))]
-    dmds = device_memory(ctx, sizes, 0)    # the host's row is not part of the verdict
+    dmds = device_memory(ctx, sizes, 0)
     targets = fit_targets(margins)
     usage = projector.allocated() if projector is not None else {}
+    draft = usage_of(ctx_dft) if ctx_dft is not None else {}
     out = []
     for i, b in enumerate(ctx.devices.model_devices()):
         d = dmds[i]
-        used = d.used() + usage.get(b.device_name, 0)
+        used = d.used() + usage.get(b.device_name, 0) + draft.get(b.device_name, 0)
         out.append({"device": b.device_name, "free": d.free, "total": d.total, "model": d.model,
                     "context": d.context, "compute": d.compute, "projector": usage.get(b.device_name, 0),
+                    "draft": draft.get(b.device_name, 0),
                     "projected_free": d.free - used, "target": targets[i], "fits": d.free - used >= targets[i]})
     return out
 

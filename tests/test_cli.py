@@ -650,3 +650,36 @@ def test_glm5_next_headers_llama_cpp_aborts_on_are_one_line(tmp_path, changes, n
     path = tmp_path / "g5.gguf"
     _write_header(config, path, tensor_specs(base if load_time else config))
     assert_cli_error(invoke(path), *needles)
+
+
+def test_a_gemma4_assistant_beside_a_target_without_an_iswa_cache_is_one_line():
+    """The assistant's cache casts its target's memory to llama_kv_cache_iswa (llama-kv-cache-iswa.cpp):
+    beside a target without sliding-window layers real llama.cpp crashes (seen: `schedplan run
+    tiny-llama -md tiny-gemma4-assistant` exits with SIGSEGV); the plan refuses it in one line."""
+    from fixtures.make_gguf import header_path
+    assert_cli_error(invoke(header_path("tiny-llama"), "-c", "4096", "-md", str(header_path("tiny-gemma4-assistant"))),
+                     "would crash", "iswa")
+
+
+def test_the_device_verdict_counts_the_draft_context():
+    """llama-server allocates the draft model and its context after fitting, on the model's devices:
+    the verdict of `reserve MODEL -md DRAFT` counts the draft's weights, KV and compute buffers per
+    device, as real llama.cpp allocated them (the golden of the two-server case, recorded by
+    fixtures/golden.py), beside the model's."""
+    import json
+
+    from fixtures.golden import GOLDEN_DIR, canonical_endpoint
+    from fixtures.make_gguf import header_path
+    golden = json.loads((GOLDEN_DIR / "tiny-gemma4+tiny-gemma4-assistant__rpc2_c_2048_ngl_99.json").read_text())
+    real = golden["result"]["draft"]
+    endpoints = [canonical_endpoint(i) for i in range(2)]
+    res = invoke(header_path("tiny-gemma4"), *golden["case"]["flags"], "-md", header_path("tiny-gemma4-assistant"),
+                 *(x for e in endpoints for x in ("--rpc", e, "--rpc-memory", f"{e}=8GiB")), "--json")
+    assert res.exit_code == 0, res.output
+    verdict = {d["device"]: d for d in json.loads(res.stdout)["device_memory"]}
+    for i, endpoint in enumerate(endpoints):
+        buft = f"RPC0[{endpoint}]"
+        expected = sum(real[key].get(buft, 0) for key in ("model_buffers", "kv_buffers", "compute_buffers"))
+        d = verdict[f"RPC{i}"]
+        assert expected > 0 and d["draft"] == expected, (i, d, expected)
+        assert d["projected_free"] == d["free"] - (d["model"] + d["context"] + d["compute"] + d["draft"])

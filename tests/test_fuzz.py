@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from fixtures.fuzz import (ARR, BOOL, F32, I32, KV, PLAN_FLAGS, STR, U32, Case, Draw, Header, Worker,
                            classify, fixture_header, fuzz_fixtures, fuzz_projectors, make_case, scalar,
                            string_payload)
-from fixtures.golden import FA_OFF, NEEDS_TARGET
+from fixtures.golden import DRAFT_PAIRS, FA_OFF, NEEDS_TARGET
 from fixtures.make_gguf import header_path, load_config, write_gguf
 from schedplan.cli.main import cli
 from schedplan.planner.models import SUPPORTED_ARCHS
@@ -114,6 +114,30 @@ def test_hostile_projector_header(worker, projector_bases, name, data):
     case = make_case(Draw(data), name, projector_bases[name], model=str(header_path(PROJECTORS[name])))
     out = worker.run(case)
     assert out.ok, (f"{out.outcome} after {case.kind} ({case.what}) of {name}:\n  {case.command()}\n"
+                    f"{out.detail}")
+
+
+# --- draft heads: a damaged draft beside its target (reserve MODEL -md FILE, ctx_other) ----------------
+
+@pytest.fixture(scope="module")
+def draft_bases() -> dict[str, Header]:
+    return {draft: Header.parse(header_path(draft).read_bytes()) for _, draft in DRAFT_PAIRS.values()}
+
+
+@pytest.mark.parametrize("model,draft", sorted(DRAFT_PAIRS.values()))
+def test_draft_header_plans_beside_its_target(worker, draft_bases, model, draft):
+    out = worker.run(Case(draft, "none", "", draft_bases[draft].to_bytes(), [], str(header_path(model)), "-md"))
+    assert out.outcome == "plan", out.detail
+
+
+@pytest.mark.parametrize("model,draft", sorted(DRAFT_PAIRS.values()))
+@_settings
+@given(data=st.data())
+def test_hostile_draft_header(worker, draft_bases, model, draft, data):
+    """A draft head that reads its target's tensors (ctx_other), damaged, planned beside its target."""
+    case = make_case(Draw(data), draft, draft_bases[draft], model=str(header_path(model)), option="-md")
+    out = worker.run(case)
+    assert out.ok, (f"{out.outcome} after {case.kind} ({case.what}) of {draft}:\n  {case.command()}\n"
                     f"{out.detail}")
 
 

@@ -14,6 +14,7 @@ from fixtures.golden import canonical_endpoint, lavapipe_flags, load_goldens
 from fixtures.make_gguf import header_path
 from schedplan.cli.options import parse_params
 from schedplan.planner.reserve import reserve
+from schedplan.planner.server import SpecParams, draft_types_from_gguf, speculative_params
 
 ALL = load_goldens()
 GOLDENS = [g for g in ALL if "refused" not in g["result"]]
@@ -31,9 +32,14 @@ def _plan(g: dict) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _plan_case(case_id: str) -> dict:
-    """One plan per golden, shared by the tests that compare its parts."""
+    """One plan per golden, shared by the tests that compare its parts; a draft model's context
+    (-md) planned beside the model's, with the draft's parameters as llama-server derives them."""
     case = next(g["case"] for g in GOLDENS if g["case"]["id"] == case_id)
-    return reserve(str(header_path(case["model"])), parse_params(_flags(case)))
+    model, params, draft = str(header_path(case["model"])), parse_params(_flags(case)), None
+    if case.get("draft"):
+        spec = draft_types_from_gguf(SpecParams(draft_path=str(header_path(case["draft"]))))
+        params, draft = speculative_params(model, params, spec)
+    return reserve(model, params, draft=draft)
 
 
 def _flags(case: dict) -> list[str]:
@@ -42,23 +48,32 @@ def _flags(case: dict) -> list[str]:
             + lavapipe_flags(case.get("n_vulkan", 0)))
 
 
-def test_buffers_equal_llama_cpp(golden):
+def _contexts(golden) -> list[tuple[str, dict, dict]]:
+    """(name, plan, real) of the model's context, and of the draft's where the case has one."""
     plan, real = _plan(golden), golden["result"]
-    for field in FIELDS:
-        assert plan[field] == real[field], field
+    out = [("model", plan, real)]
+    if golden["case"].get("draft"):
+        out.append(("draft", plan["draft"], real["draft"]))
+    return out
+
+
+def test_buffers_equal_llama_cpp(golden):
+    for ctx, plan, real in _contexts(golden):
+        for field in FIELDS:
+            assert plan[field] == real[field], f"{ctx}: {field}"
 
 
 def test_graphs_equal_llama_cpp(golden):
-    plan, real = _plan(golden), golden["result"]
-    for name in ("pp", "tg"):
-        for key in ("nodes", "splits"):
-            assert plan["graphs"][name][key] == real["graphs"][name][key], f"{name}.{key}"
+    for ctx, plan, real in _contexts(golden):
+        for name in ("pp", "tg"):
+            for key in ("nodes", "splits"):
+                assert plan["graphs"][name][key] == real["graphs"][name][key], f"{ctx}: {name}.{key}"
 
 
 def test_effective_params_equal_llama_cpp(golden):
-    plan, real = _plan(golden), golden["result"]
-    for key in ("n_ctx", "n_ctx_seq", "n_batch", "n_ubatch", "flash_attn", "sched_copies"):
-        assert plan["params"][key] == real["params"][key], key
+    for ctx, plan, real in _contexts(golden):
+        for key in ("n_ctx", "n_ctx_seq", "n_batch", "n_ubatch", "flash_attn", "sched_copies"):
+            assert plan["params"][key] == real["params"][key], f"{ctx}: {key}"
 
 
 def test_goldens_exist():
@@ -73,6 +88,7 @@ def test_refused_where_llama_cpp_refuses(golden):
 
     from schedplan.cli.main import cli
     case = golden["case"]
-    r = CliRunner().invoke(cli, ["reserve", str(header_path(case["model"])), *_flags(case)])
+    draft = ["-md", str(header_path(case["draft"]))] if case.get("draft") else []
+    r = CliRunner().invoke(cli, ["reserve", str(header_path(case["model"])), *_flags(case), *draft])
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1, \
         (golden["result"]["refused"], r.output)

@@ -195,3 +195,97 @@ def test_the_fitted_llama_server_command_loads_as_fitted(golden: Path):
         return json.loads(res.stdout)["command"]
 
     loads_as_fitted(golden, fitted)
+
+
+def _draft_context_log(text: str) -> dict:
+    """What llama-server logged of its draft context's creation (common_speculative_init_result),
+    up to its first reservation (llama_init_from_model; the speculative decoder may reserve it again
+    later for backend samplers): buffers per type in MiB as logged, and the graph's nodes and splits."""
+    draft = text.split("common_speculative_init_result: loading draft model", 1)[1]
+    draft = draft.split("sched_reserve: reserve took", 1)[0]
+    out: dict = {"model_buffers": {}, "output_buffers": {}, "kv_buffers": {}, "compute_buffers": {}}
+    for key, rx in (("model_buffers", r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB"),
+                    ("output_buffers", r"llama_context:\s+(\S+)  output buffer size =\s+([\d.]+) MiB"),
+                    ("kv_buffers", r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB"),
+                    ("compute_buffers", r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")):
+        for m in re.finditer(rx, draft):
+            out[key][m.group(1)] = m.group(2)
+    m = re.search(r"sched_reserve: graph: nodes = (\d+), splits = (\d+)", draft)
+    out["graph"] = (int(m.group(1)), int(m.group(2)))
+    return out
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("model,draft,n_rpc,flags", [
+    ("tiny-gemma4", "tiny-gemma4-assistant", 0, ["--spec-type", "draft-mtp", "-c", "4096"]),
+    ("tiny-gemma4", "tiny-gemma4-assistant", 0, ["--spec-type", "draft-mtp", "-c", "8192", "-np", "2", "-fa", "off",
+                                                 "-ub", "256"]),
+    ("tiny-gemma4", "tiny-gemma4-assistant", 1, ["--spec-type", "draft-mtp", "-c", "4096", "-ngl", "99", "-ctk", "q8_0",
+                                                 "-ctv", "q8_0"]),
+    ("tiny-gemma4", "tiny-gemma4-assistant", 2, ["--spec-type", "draft-mtp", "-c", "2048", "-ngl", "99", "-ts", "3,1",
+                                                 "-ngld", "1"]),
+    ("tiny-qwen3", "tiny-dflash", 0, ["-c", "4096"]),
+    ("tiny-qwen3", "tiny-dflash", 0, ["-c", "4096", "-np", "3", "-fa", "off", "-ctkd", "q8_0"]),
+    ("tiny-qwen3", "tiny-dflash", 2, ["-c", "2048", "-ngl", "99", "-ts", "1,1", "-ngld", "2"]),
+    ("tiny-llama", "tiny-eagle3-shared", 0, ["--spec-type", "draft-eagle3", "-c", "4096", "-np", "2"]),
+    ("tiny-llama", "tiny-eagle3-shared", 1, ["--spec-type", "draft-eagle3", "-c", "2048", "-ngl", "1", "-fa", "off"]),
+])
+def test_the_draft_context_equals_llama_servers(model, draft, n_rpc, flags):
+    """A Gemma 4 assistant's context beside tiny-gemma4 (ctx_other: no KV buffer of its own), a
+    DFlash drafter's beside tiny-qwen3 (the speculative type read from the file) and an EAGLE-3
+    head's without its own embedding and head beside tiny-llama, as the real
+    llama-server creates them after the model's: `reserve -- llama-server ...` plans the same buffers
+    and graph as it logs (MiB to two decimals; the bytes are the goldens' business), -fit off."""
+    from fixtures.llama_build import bin_dir
+    from fixtures.server_fit_golden import run_server
+    from schedplan.backends.rpc_server import rpc_servers
+    from schedplan.cli.reserve import reserve
+
+    binary = bin_dir() / "llama-server"
+    if not binary.exists():
+        pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
+    args = ["-m", str(model_path(model)), "-md", str(model_path(draft)), "-fit", "off", *flags]
+    with rpc_servers(n_rpc) as endpoints:
+        rpc = ["--rpc", ",".join(endpoints)] if endpoints else []
+        text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])
+        res = CliRunner().invoke(reserve, ["--device", "none", "--json", "--", "llama-server", *args, *rpc])
+    _check_draft_context(res, text)
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("model,draft,free_mib,flags", [
+    ("tiny-gemma4", "tiny-gemma4-assistant", [1040, 1040], ["--spec-type", "draft-mtp", "-c", "4096"]),
+    ("tiny-gemma4", "tiny-gemma4-assistant", [1060, 1033], ["--spec-type", "draft-mtp", "-c", "4096"]),
+    ("tiny-qwen3", "tiny-dflash", [1034, 1030], ["-c", "4096", "-np", "2"]),
+])
+def test_the_draft_context_after_fit_equals_llama_servers(model, draft, free_mib, flags):
+    """With --fit on RPC servers short of memory: llama-server fits the model alone (the draft cannot be
+    measured alone), then creates the draft's context with the fitted tensor split, which
+    common_fit_params wrote into the parameters the draft copies; `reserve -- llama-server` plans it so."""
+    from fixtures.llama_build import bin_dir
+    from fixtures.server_fit_golden import run_server
+    from schedplan.backends.rpc_server import rpc_servers
+    from schedplan.cli.reserve import reserve
+
+    binary = bin_dir() / "llama-server"
+    if not binary.exists():
+        pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
+    args = ["-m", str(model_path(model)), "-md", str(model_path(draft)), *flags]
+    memory = [(f * MiB, (f + 2048) * MiB) for f in free_mib]
+    with rpc_servers(len(memory), memory=memory) as endpoints:
+        rpc = ["--rpc", ",".join(endpoints)]
+        text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])
+        declared = [x for e, (free, total) in zip(endpoints, memory)
+                    for x in ("--rpc", e, "--rpc-memory", f"{e}={free}/{total}")]
+        res = CliRunner().invoke(reserve, [*declared, "--json", "--", "llama-server", *args, *rpc])
+    assert "successfully fit params to free device memory" in text, text[-2000:]
+    _check_draft_context(res, text)
+
+
+def _check_draft_context(res, text: str) -> None:
+    assert "llama_server: listening on" in text, text[-2000:]
+    assert res.exit_code == 0, res.output
+    plan, real = json.loads(res.stdout)["draft"], _draft_context_log(text)
+    for key in ("model_buffers", "output_buffers", "kv_buffers", "compute_buffers"):
+        assert {k: f"{v / MiB:.2f}" for k, v in plan[key].items() if v} == real[key], key
+    assert (plan["graphs"]["pp"]["nodes"], plan["graphs"]["pp"]["splits"]) == real["graph"]

@@ -4,20 +4,30 @@ with --spec-type draft-dflash / draft-dspark -md FILE.
 
 The drafters share their target's token embedding and lm_head (converted without them): llama_context
 then reads the target's through ctx_other and requires it ("dflash requires ctx_other to be set"), so
-llama.cpp creates their context only beside the target. The plan loads the file as llama.cpp does
-(every tensor and key checked) and refuses the context alone in one line; common_fit_params measures
-the draft alone, fails there and fits the model without it, as `fit` does. A drafter with its own
-embedding and head, which llama.cpp runs alone, and the DeepSeek-V4 DSpark backbone
-(hyper_connection.count) are not planned.
+llama.cpp creates their context only beside the target, and so does the plan (create_context(...,
+ctx_other=target): the decoder graph over the target's token_embd and output, its own KV cache); alone
+it is refused in one line. common_fit_params measures the draft alone, fails there and fits the model
+without it, as `fit` does. A drafter with its own embedding and head, which llama.cpp runs alone, the
+DeepSeek-V4 DSpark backbone (hyper_connection.count), and beside a target DFlash2 (convolutions and a
+selector) and DSpark's Markov head are not planned.
 """
 from __future__ import annotations
 
+import math
+
+from .. import ggml
+from ..ggml import GGMLAbort
+from ..graph import LLM_FFN_GELU, LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..gguf import BOOL, INT32, UINT32
-from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_STANDARD, HParams
+from ..hparams import LLAMA_ROPE_TYPE_MROPE, LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_NONE, LLAMA_SWA_TYPE_STANDARD, HParams
 from ..model import Model, TensorCreator
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
 
-LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX   # llama_model_rope_type: NeoX unless the DSV4 backbone
+
+def LLAMA_ROPE_TYPE(hp: HParams) -> int:
+    """llama_model_rope_type: drafts for M-RoPE targets carry rope sections (M-RoPE), the others NeoX
+    (the DSV4 backbone's NORM is not planned)."""
+    return LLAMA_ROPE_TYPE_MROPE if any(hp.rope_sections) else LLAMA_ROPE_TYPE_NEOX
 
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
@@ -27,6 +37,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hidden_act = ml.get_str("%s.hidden_activation", "silu")
     if hidden_act not in ("silu", "gelu", "gelu_pytorch_tanh"):
         ml.fail(f"unsupported DFlash hidden activation: {hidden_act}")
+    hp.llm_ffn_op = LLM_FFN_SILU if hidden_act == "silu" else LLM_FFN_GELU
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
     hp.f_logit_scale = ml.get_f32("%s.logit_scale", hp.f_logit_scale)
     hp.f_final_logit_softcapping = ml.get_f32("%s.final_logit_softcapping", 0.0)
@@ -125,3 +136,99 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
             c.create_tensor(tn("DFLASH_ATTN_CONV_PROJ", "weight", i), (n_embd, projected))
             c.create_tensor(tn("DFLASH_FFN_CONV_BASE", None, i), (n_embd, kernel, 2))
             c.create_tensor(tn("DFLASH_FFN_CONV_PROJ", "weight", i), (n_embd, projected))
+
+
+def build(g: GraphContext) -> None:
+    """llama_model_dflash::graph<false>, the decoder, for the token batch llama_context reserves
+    (noise-block diffusion: cache-aware attention over the block, no output row selection), over the
+    target's token_embd and output where the drafter has none (ctx_other)."""
+    model, hp = g.model, g.hparams
+    n_tokens = g.ubatch.n_tokens
+    n_embd_head = hp.n_embd_head_v()
+    if n_embd_head != hp.n_embd_head_k():
+        raise GGMLAbort("llama.cpp would abort (dflash.cpp GGML_ASSERT(n_embd_head == hparams.n_embd_head_k()))")
+    inp_pos = g.build_inp_pos()
+    use_iswa = hp.swa_type != LLAMA_SWA_TYPE_NONE
+    inp_attn = g.build_attn_inp_kv_iswa() if use_iswa else g.build_attn_inp_kv()
+    kq_scale = hp.f_attention_scale if hp.f_attention_scale != 0.0 else 1.0 / math.sqrt(float(n_embd_head))
+
+    def rope(cur, il):
+        if hp.rope_type == LLAMA_ROPE_TYPE_MROPE:
+            return ggml.rope_multi(cur, inp_pos, None, hp.n_rot(il), hp.rope_sections, hp.rope_type, hp.n_ctx_orig_yarn)
+        return ggml.rope_ext(cur, inp_pos, model.layers[0].rope_freqs, hp.n_rot(il), hp.rope_type, hp.n_ctx_orig_yarn)
+
+    tok_embd = model.tok_embd if model.tok_embd is not None else g.model_other.tok_embd
+    if tok_embd is None:
+        raise GGMLAbort("llama.cpp would abort (dflash.cpp GGML_ASSERT: DFlash decoder requires the target model's "
+                        "token embeddings)")
+    tokens = ggml.new_tensor(ggml.T.I32, n_tokens)
+    tokens.set_input()
+    g.t_inp_tokens = tokens
+    inp_l = ggml.get_rows(tok_embd, tokens)
+    if hp.f_embedding_scale != 0.0:
+        inp_l = ggml.scale(inp_l, hp.f_embedding_scale)
+    g.cb(inp_l, "inp_noise_embd", -1)
+
+    for il, layer in enumerate(model.layers):
+        noise_norm = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
+        g.cb(noise_norm, "noise_norm", il)
+        q = g.build_lora_mm(layer.wq, noise_norm, layer.wq_s)
+        k = g.build_lora_mm(layer.wk, noise_norm, layer.wk_s)
+        shared_kv = layer.wv is None
+        v = k if shared_kv else g.build_lora_mm(layer.wv, noise_norm, layer.wv_s)
+        q = ggml.reshape(q, n_embd_head, hp.n_head(il), n_tokens)
+        k = ggml.reshape(k, n_embd_head, hp.n_head_kv(il), n_tokens)
+        v = ggml.reshape(v, n_embd_head, hp.n_head_kv(il), n_tokens)
+        q = g.build_norm(q, layer.attn_q_norm, None, LLM_NORM_RMS, il)
+        k = g.build_norm(k, layer.attn_k_norm, None, LLM_NORM_RMS, il)
+        if shared_kv:
+            v = ggml.rms_norm(v, hp.f_norm_rms_eps)
+        q = rope(q, il)
+        k = rope(k, il)
+        g.cb(q, "Qcur", il)
+        g.cb(k, "Kcur", il)
+        g.cb(v, "Vcur", il)
+        cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, kq_scale, il, sinks=layer.attn_sinks, wo_s=layer.wo_s)
+        if hp.f_attn_value_scale != 0.0:
+            cur = ggml.scale(cur, hp.f_attn_value_scale)
+            g.cb(cur, "attn_out_scaled", il)
+        if layer.attn_post_norm is not None:
+            cur = g.build_norm(cur, layer.attn_post_norm, None, LLM_NORM_RMS, il)
+            g.cb(cur, "attn_post_norm", il)
+        ffn_inp = ggml.add(cur, inp_l)
+        g.cb(ffn_inp, "ffn_inp", il)
+        cur = g.build_norm(ffn_inp, layer.ffn_norm, None, LLM_NORM_RMS, il)
+        g.cb(cur, "ffn_norm", il)
+        cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, hp.llm_ffn_op,
+                          LLM_FFN_PAR, il, down_s=layer.ffn_down_s, up_s=layer.ffn_up_s, gate_s=layer.ffn_gate_s)
+        g.cb(cur, "ffn_out", il)
+        if layer.ffn_post_norm is not None:
+            cur = g.build_norm(cur, layer.ffn_post_norm, None, LLM_NORM_RMS, il)
+            g.cb(cur, "ffn_post_norm", il)
+        cur = ggml.add(cur, ffn_inp)
+        if layer.out_scale is not None:
+            cur = ggml.mul(cur, layer.out_scale)
+        g.cb(cur, "l_out", il)
+        inp_l = cur
+
+    cur = g.build_norm(inp_l, model.output_norm, None, LLM_NORM_RMS, -1)
+    g.cb(cur, "result_norm", -1)
+    g.t_embd = cur
+    output = model.output if model.output is not None else g.model_other.output   # the target's lm_head (ctx_other)
+    if output is None:
+        raise GGMLAbort("llama.cpp would abort (dflash.cpp GGML_ASSERT: DFlash decoder requires the target model's "
+                        "output projection)")
+    cur = g.build_lora_mm(output, cur)
+    if model.d2t is not None:
+        # reduced-draft-vocabulary exports: the draft logits scattered into the target's vocabulary
+        n_draft_vocab, n_outputs = cur.ne[0], cur.ne[1]
+        if model.d2t.type != ggml.T.I64 or model.d2t.ne[0] != n_draft_vocab:
+            raise GGMLAbort("llama.cpp would abort (dflash.cpp GGML_ASSERT(model.d2t->type == GGML_TYPE_I64 and "
+                            "d2t->ne[0] == n_draft_vocab))")
+        logits = ggml.fill(ggml.new_tensor(ggml.T.F32, 1, hp.n_vocab, n_outputs), -math.inf)
+        cur = ggml.set_rows(logits, ggml.reshape(cur, 1, n_draft_vocab, n_outputs),
+                            ggml.reshape(model.d2t, n_draft_vocab, 1, 1))
+        cur = ggml.reshape(cur, hp.n_vocab, n_outputs)
+    g.cb(cur, "result_output", -1)
+    g.t_logits = cur
+    ggml.build_forward_expand(g.gf, cur)

@@ -7,7 +7,8 @@ and, as for every encoder model, n_outputs_max = n_batch. The encoder graph (the
 three target layers' hidden states, run by llama_encode) is never reserved: llama_context reserves
 the default graph, the decoder below. A head without its own token_embd or output reads the
 target's through ctx_other, so llama.cpp creates its context only beside the target
-(llama-context.cpp: "eagle3 requires ctx_other to be set"); the plan refuses it alone in one line.
+(llama-context.cpp: "eagle3 requires ctx_other to be set"); the plan refuses it alone in one line
+and plans it beside its target (create_context(..., ctx_other=target), `reserve MODEL -md FILE`).
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def load_arch_tensors(c: TensorCreator, model: Model) -> None:
 
 def build(g: GraphContext) -> None:
     """llama_model_eagle3::graph<false>, the decoder (the graph llama_context reserves), over the
-    head's own token_embd and output (create_context refuses a head without them: ctx_other)."""
+    head's own token_embd and output, or its target's (ctx_other) where it has none."""
     model, hp = g.model, g.hparams
     n_embd_head = hp.n_embd_head_v()
     if n_embd_head != hp.n_embd_head_k():
@@ -90,7 +91,11 @@ def build(g: GraphContext) -> None:
     tokens.set_input()
     embd = ggml.new_tensor(ggml.T.F32, n_embd, n_tokens)
     embd.set_input()
-    inp_embd = ggml.get_rows(model.tok_embd, tokens)
+    tok_embd = model.tok_embd if model.tok_embd is not None else g.model_other.tok_embd
+    if tok_embd is None:
+        raise ggml.GGMLAbort("llama.cpp would abort (eagle3.cpp GGML_ASSERT: EAGLE3 decoder requires token "
+                             "embeddings (own or from target model))")
+    inp_embd = ggml.get_rows(tok_embd, tokens)
     g.cb(inp_embd, "inp_embd", -1)
     inp_g = embd
     g.cb(inp_g, "inp_g_embeddings", -1)
@@ -142,7 +147,11 @@ def build(g: GraphContext) -> None:
 
     cur = g.build_norm(cur, model.output_norm, None, LLM_NORM_RMS, -1)
     g.cb(cur, "result_norm", -1)
-    cur = g.build_lora_mm(model.output, cur)
+    output = model.output if model.output is not None else g.model_other.output
+    if output is None:
+        raise ggml.GGMLAbort("llama.cpp would abort (eagle3.cpp GGML_ASSERT: EAGLE3 decoder requires an output "
+                             "projection (own or from target model))")
+    cur = g.build_lora_mm(output, cur)
     if model.d2t is not None:
         # the draft vocabulary's logits scattered into the target's, -inf elsewhere
         n_draft_vocab, n_outputs = cur.ne[0], cur.ne[1]

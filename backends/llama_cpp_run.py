@@ -43,6 +43,7 @@ from ..planner.hparams import LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_POOLING_TYPE
 from ..planner.params import KV_TYPES, Params
 from ..planner.kv_cache_msa import N_POS_PAD
 from ..planner.reserve import MSA_ARCHS, RESERVE_PP_ONE_SEQ_ARCHS
+from ..planner.vocab import RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT
 from .llama_cpp_lib import MISSING_MESSAGE, LlamaCppMissing, RunError, available, lib_dir  # noqa: F401 (this module's API)
 
 SCHEMA = "schedplan.reserve/1"
@@ -518,6 +519,9 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
             raise RunError(f"llama.cpp could not create the context: {log.errors()}")
 
         result = _collect(llama_cpp, ggml, shim, log.text, model_path, model, ctx, params)
+        warnings = _rerank_warnings(llama_cpp, model, ctx)
+        if warnings:
+            result["warnings"] = warnings
 
         if recorder is not None:
             reason = _unreplayable(result)
@@ -633,6 +637,23 @@ def _context_params(llama_cpp, params: Params):
     cp.op_offload = params.op_offload
     cp.n_threads = cp.n_threads_batch = max(1, os.cpu_count() or 1)
     return cp
+
+
+def _rerank_warnings(llama_cpp, model, ctx) -> list[str]:
+    """What common_init_from_params (common/common.cpp), which llama-server creates its context with,
+    warns of a context pooling by rank whose vocabulary has no BOS, or none of EOS, SEP and a rerank
+    chat template: asked of llama.cpp itself (planner/vocab.py answers it from the header)."""
+    if llama_cpp.llama_pooling_type(ctx) != llama_cpp.LLAMA_POOLING_TYPE_RANK:
+        return []
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    warnings = []
+    if llama_cpp.llama_vocab_bos(vocab) == llama_cpp.LLAMA_TOKEN_NULL:
+        warnings.append(RERANK_NO_BOS)
+    if (llama_cpp.llama_vocab_eos(vocab) == llama_cpp.LLAMA_TOKEN_NULL
+            and llama_cpp.llama_vocab_sep(vocab) == llama_cpp.LLAMA_TOKEN_NULL
+            and not llama_cpp.llama_model_chat_template(model, b"rerank")):
+        warnings.append(RERANK_NO_EOS_SEP_PROMPT)
+    return warnings
 
 
 def _collect(llama_cpp, ggml: Ggml, shim: Shim, log_text: str, model_path: str, model, ctx, params: Params) -> dict:

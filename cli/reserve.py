@@ -156,7 +156,8 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
 
 def render(result: dict) -> str:
     """The human-readable report of a reserve result (plan or real run: same schema)."""
-    out = [_params_line(result), "", buffers_table(result), "", graphs_table(result)]
+    out = [_params_line(result), *(f"llama.cpp warns: {w}" for w in result.get("warnings", [])), "",
+           buffers_table(result), "", graphs_table(result)]
     if "projector" in result:
         out += ["", projector_section(result["projector"])]
     if "device_memory" in result:

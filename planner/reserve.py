@@ -17,7 +17,7 @@ from .ggml import GGMLAbort
 from .gguf import GGUFHeader
 from .graph import (LLM_FUSED_OP_DSV4_HC_COMB, LLM_FUSED_OP_DSV4_HC_POST, LLM_FUSED_OP_DSV4_HC_PRE,
                     LLM_FUSED_OP_FLASH_ATTN, GraphContext, Ubatch)
-from .hparams import LLAMA_SWA_TYPE_NONE, HParams, UnsupportedModel
+from .hparams import LLAMA_POOLING_TYPE_RANK, LLAMA_SWA_TYPE_NONE, HParams, UnsupportedModel
 from .kv_cache import KVCache, create_kv_cache
 from .kv_cache_dsa import KVCacheDSA, KVCacheDSAISWA, create_kv_cache_dsa, create_kv_cache_dsa_iswa
 from .kv_cache_dsv4 import KVCacheDSV4, create_kv_cache_dsv4
@@ -29,6 +29,7 @@ from .model import Model, load_hparams, load_tensors
 from .model_loader import ModelLoader
 from .params import Params
 from .sched import Sched, Splitting
+from .vocab import load_vocab, rerank_warnings
 
 if TYPE_CHECKING:
     from .fit import ExtraModel
@@ -78,6 +79,7 @@ class Context:
     output_buffer_size: int
     graph_renames_persistent: bool = False   # a built graph renamed a weight or a cache tensor
     ctx_other: Optional["Context"] = None    # cparams.ctx_other: the target context a draft head reads
+    warnings: list[str] = dataclasses.field(default_factory=list)   # what llama.cpp warns of this context
 
 
 def create_context(model_path: str, params: Params, header: Optional[GGUFHeader] = None,
@@ -87,6 +89,7 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     (llama_context_params.ctx_other, which llama-server sets for every draft context)."""
     ml = ModelLoader(header or read_model_header(model_path, params.header_cache), params.header_cache)
     hp = load_hparams(ml)
+    vocab = load_vocab(ml)
     cp = derive_cparams(params, hp)
     devices = plan_devices(params, hp)
     model = load_tensors(ml, hp, weight_placement(devices, params, hp), lazy_read_buft(params),
@@ -101,7 +104,10 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     kv = create_memory(hp, cp, devices, ctx_other)
     output_size = output_reserve_size(hp, cp)
     sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
-    return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size, ctx_other=ctx_other)
+    # common_init_from_params, after the context: its warnings where the vocabulary cannot rerank
+    warnings = rerank_warnings(ml, vocab) if cp.pooling_type == LLAMA_POOLING_TYPE_RANK else []
+    return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size, ctx_other=ctx_other,
+                   warnings=warnings)
 
 
 def output_reserve_size(hp: HParams, cp: CParams) -> int:
@@ -523,6 +529,8 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
               **context_sections(ctx, stats),
               "splits": {name: s.split_list for name, s in stats.items()},
               "peaks": {name: s.peaks for name, s in stats.items()}}
+    if ctx.warnings:
+        result["warnings"] = ctx.warnings
     if projector is not None:
         result["projector"] = projector.summary()
     ctx_dft = None

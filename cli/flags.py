@@ -5,17 +5,22 @@ import shlex
 import click
 from click.core import ParameterSource
 
-from .options import plan_options
+from .options import POOLING_ORDER, plan_options
 
 PLAN_OPTIONS = [p for p in click.command()(plan_options(lambda params: None)).params if isinstance(p, click.Option)]
 
 
 def given_flags() -> list[str]:
-    """The plan flags on the current command line (short names, in plan_options' order)."""
+    """The plan flags on the current command line (short names, in plan_options' order; --pooling and
+    --rerank each time given, in the order given, where --pooling stands: the later one's pooling wins)."""
     ctx = click.get_current_context()
     out: list[str] = []
     for option in PLAN_OPTIONS:
-        if ctx.get_parameter_source(option.name) is not ParameterSource.COMMANDLINE:
+        if option.name == "pooling_type":
+            for name, value in ctx.meta.get(POOLING_ORDER, []):
+                out += ["--rerank"] if name == "rerank" else ["--pooling", value]
+            continue
+        if option.name == "rerank" or ctx.get_parameter_source(option.name) is not ParameterSource.COMMANDLINE:
             continue
         value, flag = ctx.params[option.name], option.opts[0]
         if option.is_flag:

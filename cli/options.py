@@ -198,6 +198,28 @@ def _rpc_endpoints(ctx: click.Context, param: click.Parameter, values: tuple[str
     return tuple(endpoints)
 
 
+POOLING_ORDER = "schedplan.pooling_order"
+
+
+class _InOrder(click.Option):
+    """--pooling and --rerank: common/arg.cpp runs each flag's handler in command-line order, so the
+    later one's pooling wins; click keeps one value per option, so every occurrence is noted as the
+    parser meets it, in ctx.meta[POOLING_ORDER] as (option name, value)."""
+
+    def add_to_parser(self, parser, ctx: click.Context) -> None:
+        super().add_to_parser(parser, ctx)
+        for opt in self.opts:
+            option = parser._long_opt.get(opt) or parser._short_opt.get(opt)
+            option.process = _noting(option.process, ctx, self.name)
+
+
+def _noting(process: Callable, ctx: click.Context, name: str) -> Callable:
+    def noted(value, state) -> None:
+        process(value, state)
+        ctx.meta.setdefault(POOLING_ORDER, []).append((name, value))
+    return noted
+
+
 def plan_options(func: Callable) -> Callable:
     """Add llama.cpp's context and model flags; the command receives `params: Params`."""
     options = [
@@ -221,9 +243,10 @@ def plan_options(func: Callable) -> Callable:
         click.option("--embedding", "--embeddings", "embeddings", is_flag=True,
                      help="Compute embeddings (llama-server --embedding): the output buffer holds them too, the "
                      "graph ends in the pooling; -b becomes -ub where it is larger, as llama-server sets it."),
-        click.option("--pooling", "pooling_type", type=click.Choice(list(LLAMA_POOLING_TYPES)),
-                     default=None, help="Pooling of the embeddings; default: the model's (none if it names none)."),
-        click.option("--rerank", "--reranking", "rerank", is_flag=True,
+        click.option("--pooling", "pooling_type", cls=_InOrder, type=click.Choice(list(LLAMA_POOLING_TYPES)),
+                     default=None, help="Pooling of the embeddings; default: the model's (none if it names none). "
+                     "With --rerank, the later flag's pooling wins, as in llama.cpp."),
+        click.option("--rerank", "--reranking", "rerank", cls=_InOrder, is_flag=True,
                      help="Reranking: --embedding with --pooling rank (the classification head)."),
         click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=Int32(), default=-1, show_default=True,
                      help="Layers to offload to devices; -1 = all (the output layer counts as one)."),
@@ -270,7 +293,9 @@ def plan_options(func: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         for name in ("override_tensor", "cpu_moe", "n_cpu_moe", "n_cpu_ffn"):   # gathered by their callbacks
             kwargs.pop(name)
-        embeddings, pooling_type = _embeddings(kwargs.pop("embeddings"), kwargs.pop("pooling_type"), kwargs.pop("rerank"))
+        kwargs.pop("pooling_type")      # gathered in order (_InOrder)
+        embeddings, pooling_type = _embeddings(kwargs.pop("embeddings"), kwargs.pop("rerank"),
+                                               click.get_current_context().meta.get(POOLING_ORDER, []))
         n_batch, n_ubatch = kwargs.pop("n_batch"), kwargs.pop("n_ubatch")
         if embeddings:   # tools/server/server.cpp: "setting n_batch = n_ubatch to avoid assertion failure"
             n_batch = min(n_batch, n_ubatch)
@@ -294,11 +319,20 @@ def plan_options(func: Callable) -> Callable:
     return wrapper
 
 
-def _embeddings(embedding: bool, pooling: Optional[str], rerank: bool) -> tuple[bool, str]:
-    """(embeddings, pooling type) of --embedding, --pooling and --rerank (which sets both)."""
-    if rerank and pooling not in (None, "rank"):
-        raise click.BadParameter(f"--rerank pools by rank; it cannot be combined with --pooling {pooling}")
-    return embedding or rerank, "rank" if rerank else pooling or "unspecified"
+def _embeddings(embedding: bool, rerank: bool, order: list[tuple[str, str]]) -> tuple[bool, str]:
+    """(embeddings, pooling type) of --embedding, --rerank and --pooling as common/arg.cpp's handlers set
+    them, in command-line order: --rerank sets embedding and pooling rank, --pooling the pooling (each
+    value checked as its handler checks it: "invalid value"); the later one's pooling wins."""
+    pooling = "unspecified"
+    for name, value in order:
+        if name == "rerank":
+            pooling = "rank"
+        elif value in LLAMA_POOLING_TYPES:
+            pooling = value
+        else:
+            raise click.BadParameter(f"{value!r} is not one of {', '.join(map(repr, LLAMA_POOLING_TYPES))}",
+                                     param_hint="'--pooling'")
+    return embedding or rerank, pooling
 
 
 def parse_params(args: list[str]) -> Params:

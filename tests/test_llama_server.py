@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -189,6 +190,61 @@ def test_fit_with_embeddings_is_llama_servers_fit(clean_env):
         for key in ("status", "args", "devices", "log", "context_loaded"):
             assert own[key] == server[key], (flags, key)
         assert own["server_args"].startswith(" ".join(["llama-server", "-m", model, *flags, "-fitt", "0"]))
+
+
+# (flags, embeddings, pooling) as common/arg.cpp's handlers leave them: in command-line order, --rerank
+# sets embedding and pooling rank, --pooling the pooling; the later one's pooling wins
+POOLING_ORDER_CASES = [
+    (["--rerank", "--pooling", "mean"], True, "mean"),
+    (["--pooling", "mean", "--rerank"], True, "rank"),
+    (["--pooling", "mean", "--reranking", "--pooling", "none"], True, "none"),
+    (["--rerank", "--pooling", "cls", "--embedding"], True, "cls"),
+    (["--pooling", "last", "--pooling", "rank"], False, "rank"),
+]
+
+
+@pytest.mark.parametrize("flags,embedding,pooling", POOLING_ORDER_CASES)
+def test_rerank_and_pooling_in_order(clean_env, flags, embedding, pooling):
+    """schedplan's own flags read --rerank and --pooling in order as llama-server does (its parser,
+    ls.parse, agrees), the flags given back (check, compare) keep that order, and reserve/fit plan
+    the pair as llama-server's command line plans it."""
+    from schedplan.cli.flags import given_flags
+    from schedplan.cli.options import parse_params, plan_options
+
+    params = parse_params(flags)
+    assert (params.embeddings, params.pooling_type) == (embedding, pooling)
+    p = parsed("-m", "m", *flags)
+    assert (p.embedding, p.pooling_type) == (embedding, pooling)
+
+    @click.command()
+    @plan_options
+    def echo(params):
+        click.echo(json.dumps(given_flags()))
+
+    given = json.loads(CliRunner().invoke(echo, flags).output)
+    assert (parse_params(given).embeddings, parse_params(given).pooling_type) == (embedding, pooling)
+
+    model = str(header_path("tiny-bert-rerank"))
+    own = json.loads(run("reserve", model, "--device", "cuda:64MiB:cc=8.9", "--json", "-np", "4", "-kvu", *flags).output)
+    server = json.loads(run("reserve", "--device", "cuda:64MiB:cc=8.9", "--json", "--", "llama-server", "-m", model,
+                            "-fit", "off", *flags).output)
+    assert own["graphs"] == server["graphs"]
+    # the pooling decides the graph: rank ends in the classification head, the others do not
+    other = json.loads(run("reserve", model, "--device", "cuda:64MiB:cc=8.9", "--json", "-np", "4", "-kvu",
+                           "--embedding", "--pooling", "mean" if pooling == "rank" else "rank").output)
+    assert other["graphs"]["pp"]["nodes"] != own["graphs"]["pp"]["nodes"]
+
+    fitted = json.loads(run("fit", model, "--device", "cuda:8MiB:cc=8.9", "--json", *flags, "-fitt", "0").output)
+    server_fit = json.loads(run("fit", "--device", "cuda:8MiB:cc=8.9", "--json", "--", "llama-server", "-m", model,
+                                *flags, "-fitt", "0").output)
+    assert fitted["context_loaded"] == server_fit["context_loaded"]
+    assert fitted["server_args"].startswith(" ".join(["llama-server", "-m", model, *flags]))
+
+
+def test_an_invalid_pooling_is_refused_even_when_overridden(clean_env):
+    """--pooling's handler throws "invalid value" on each occurrence, a later one does not save it."""
+    r = run("reserve", str(header_path("tiny-bert-rerank")), "--device", "none", "--pooling", "max", "--pooling", "mean")
+    assert r.exit_code == 2 and "'max' is not one of" in r.output
 
 
 def test_config_files(clean_env):

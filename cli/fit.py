@@ -426,7 +426,7 @@ def render(report: dict) -> str:
         first = [shlex.join(report["command"])]
     else:
         first = [report["args"]] + ([report["server_args"]] if report.get("server_args") else [])
-    out = [*first, ""]
+    out = [*first, *(f"llama.cpp warns: {w}" for w in report.get("warnings", [])), ""]
     rows = [[d["name"], d["total"] // MiB, d["free"] // MiB, d["model"] // MiB, d["context"] // MiB,
              d["compute"] // MiB, d["projected_free"] // MiB, d["target"] // MiB if "target" in d else ""]
             for d in report["devices"]]

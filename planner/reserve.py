@@ -17,7 +17,7 @@ from .ggml import GGMLAbort
 from .gguf import GGUFHeader
 from .graph import (LLM_FUSED_OP_DSV4_HC_COMB, LLM_FUSED_OP_DSV4_HC_POST, LLM_FUSED_OP_DSV4_HC_PRE,
                     LLM_FUSED_OP_FLASH_ATTN, GraphContext, Ubatch)
-from .hparams import LLAMA_POOLING_TYPE_RANK, LLAMA_SWA_TYPE_NONE, HParams, UnsupportedModel
+from .hparams import LLAMA_SWA_TYPE_NONE, HParams, UnsupportedModel
 from .kv_cache import KVCache, create_kv_cache
 from .kv_cache_dsa import KVCacheDSA, KVCacheDSAISWA, create_kv_cache_dsa, create_kv_cache_dsa_iswa
 from .kv_cache_dsv4 import KVCacheDSV4, create_kv_cache_dsv4
@@ -105,9 +105,8 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     output_size = output_reserve_size(hp, cp)
     sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
     # common_init_from_params, after the context: its warnings where the vocabulary cannot rerank
-    warnings = rerank_warnings(ml, vocab) if cp.pooling_type == LLAMA_POOLING_TYPE_RANK else []
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size, ctx_other=ctx_other,
-                   warnings=warnings)
+                   warnings=rerank_warnings(ml, vocab, cp.pooling_type))
 
 
 def output_reserve_size(hp: HParams, cp: CParams) -> int:

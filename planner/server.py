@@ -174,6 +174,7 @@ def loaded_with(model_path: str, params: Params) -> dict:
     from .cparams import derive_cparams
     from .devices import lazy_read_buft, plan_devices, weight_placement
     from .model import load_tensors
+    from .vocab import load_vocab, rerank_warnings
 
     ml = ModelLoader(read_model_header(model_path, params.header_cache), params.header_cache)
     hp = load_hparams(ml)
@@ -189,10 +190,15 @@ def loaded_with(model_path: str, params: Params) -> dict:
             overrides[name] = buft.name
         return buft
 
+    vocab = load_vocab(ml)
     load_tensors(ml, hp, placed, lazy_read_buft(unmapped), load_mtp=params.load_mtp)
     cp = derive_cparams(params, hp)
-    return {"n_ctx_loaded": cp.n_ctx,
-            "context_loaded": {"n_seq_max": cp.n_seq_max, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
-                               "n_outputs_max": cp.n_outputs_max},
-            "layer_devices": [b.device_name for b in devices.layer_backend] + [devices.output_backend.device_name],
-            "overrides": overrides}
+    loaded = {"n_ctx_loaded": cp.n_ctx,
+              "context_loaded": {"n_seq_max": cp.n_seq_max, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
+                                 "n_outputs_max": cp.n_outputs_max},
+              "layer_devices": [b.device_name for b in devices.layer_backend] + [devices.output_backend.device_name],
+              "overrides": overrides}
+    warnings = rerank_warnings(ml, vocab, cp.pooling_type)    # common_init_from_params, after the context
+    if warnings:
+        loaded["warnings"] = warnings
+    return loaded

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .hparams import LLAMA_POOLING_TYPE_RANK
 from .model_loader import ModelLoader
 
 LLAMA_TOKEN_NULL = -1
@@ -80,11 +81,13 @@ RERANK_NO_BOS = "vocab does not have a  BOS token, reranking will not work"
 RERANK_NO_EOS_SEP_PROMPT = "vocab does not have an EOS token, SEP token, or rerank prompt. Reranking will not work"
 
 
-def rerank_warnings(ml: ModelLoader, vocab: Vocab) -> list[str]:
-    """common_init_from_params with a context pooling by rank: what it warns. Its `return res` after them
-    still hands llama-server the model and the context (the server listens), but skips the LoRA
-    adapters and the warm-up; the reservation is the same."""
+def rerank_warnings(ml: ModelLoader, vocab: Vocab, pooling_type: int) -> list[str]:
+    """What common_init_from_params warns of a context pooling by rank whose vocabulary cannot rerank.
+    Its `return res` after them still hands llama-server the model and the context (the server listens),
+    skipping only the LoRA adapters and the warm-up: the reservation is the same."""
     warnings = []
+    if pooling_type != LLAMA_POOLING_TYPE_RANK:
+        return warnings
     if vocab.special_bos_id == LLAMA_TOKEN_NULL:
         warnings.append(RERANK_NO_BOS)
     if (vocab.special_eos_id == LLAMA_TOKEN_NULL and vocab.special_sep_id == LLAMA_TOKEN_NULL

@@ -88,8 +88,11 @@ def test_rerank_warnings_are_planned_not_refused(tmp_path, name):
         assert result.get("warnings", []) == warnings
     code, result = plan(path, "--embedding")     # pooling none: nothing to warn of
     assert code == 0 and "warnings" not in result
-    if warnings:
-        r = CliRunner().invoke(cli, ["reserve", path, "--rerank", "--device", "none"])
+    # fit fits as llama-server and reports what it loads, the warnings included
+    fitted = CliRunner().invoke(cli, ["fit", path, "--rerank", "--device", "cuda:64MiB:cc=8.9", "--json"])
+    assert fitted.exit_code == 0 and json.loads(fitted.stdout).get("warnings", []) == warnings
+    for command in (["reserve", path, "--rerank", "--device", "none"], ["fit", path, "--rerank", "--device", "none"]):
+        r = CliRunner().invoke(cli, command)
         assert [f"llama.cpp warns: {w}" for w in warnings] == \
             [line for line in r.output.splitlines() if line.startswith("llama.cpp warns")]
 

@@ -172,6 +172,12 @@ class HParams:
     n_embd_inp_enc_impl: int = 0           # eagle3: the encoder's input rows (the target's fused hidden states)
     norm_before_residual: bool = False     # eagle3: the normed target features feed the residual
     norm_before_fc: bool = False           # eagle3.1: an RMS norm before the feature fusion
+    dflash_block_size: int = 0             # dflash: the trained noise block; DFlash2's convolutions and selector
+    dflash_conv_kernel_size: int = 0
+    dflash_conv_group_size: int = 0
+    dflash_selector_rank: int = 0
+    dflash_selector_top_k: int = 0
+    dflash_sample_from_anchor: bool = True   # dspark: the first block slot is a prediction (else a bonus token)
     deepstack_mapping_arr: tuple[int, ...] = ()   # granite: per layer, the input block it adds (-1 past the array)
     n_layer_kv_from_start: int = -1        # gemma4: if non-negative, only the first n layers have their own K/V
     n_embd_per_layer: int = 0              # gemma4: per-layer token embeddings (E2B/E4B)

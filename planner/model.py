@@ -327,6 +327,10 @@ class Layer:
     ple_value: Optional[Tensor] = None
     ple_norm_key: Optional[Tensor] = None
     ple_norm_query: Optional[Tensor] = None
+    dflash_attn_conv_base: Optional[Tensor] = None   # DFlash2: the dynamic convolutions around attention
+    dflash_attn_conv_proj: Optional[Tensor] = None   # and the FFN (static taps and their projection)
+    dflash_ffn_conv_base: Optional[Tensor] = None
+    dflash_ffn_conv_proj: Optional[Tensor] = None
     ple_norm_conv: Optional[Tensor] = None
     ple_conv1d: Optional[Tensor] = None
     posnet: LayerPosnet = field(default_factory=LayerPosnet)
@@ -376,6 +380,14 @@ class Model:
     fc: Optional[Tensor] = None                     # eagle3: the target features' fusion, and its input norm
     output_norm_enc: Optional[Tensor] = None
     d2t: Optional[Tensor] = None                    # eagle3: draft-to-target token ids (I64)
+    dspark_markov_w1: Optional[Tensor] = None       # DSpark: the Markov head and the confidence head
+    dspark_markov_w2: Optional[Tensor] = None
+    dspark_markov_w2_s: Optional[Tensor] = None
+    dspark_conf_proj: Optional[Tensor] = None
+    dspark_conf_proj_b: Optional[Tensor] = None
+    dflash_selector_prev: Optional[Tensor] = None   # DFlash2: the candidate selector's codebooks
+    dflash_selector_next: Optional[Tensor] = None
+    dflash_selector_hidden: Optional[Tensor] = None
     nextn_proj_pre: Optional[Tensor] = None         # gemma4-assistant: the target's embedding and state in,
     nextn_proj_post: Optional[Tensor] = None        # and the next hidden state out at the target's width
     layers: list[Layer] = field(default_factory=list)         # the n_layer layers the graph runs

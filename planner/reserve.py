@@ -146,11 +146,6 @@ def check_ctx_other(ml: ModelLoader, model: Model, ctx_other: Optional[Context])
             raise ContextRefused(f"{ml.header.path}: {arch} requires ctx_other to be set: llama.cpp creates the "
                                  f"context of a head without its own token_embd and output only beside its target "
                                  f"model (llama-server --spec-type draft-{arch} -md FILE)")
-        for name, what in (("selector_hidden.weight", "a DFlash2 drafter (convolutions and a selector)"),
-                           ("markov_w1.weight", "a DSpark drafter (a Markov head)")):
-            if ml.get_weight(name) is not None:
-                raise NotImplementedError(f"the context of {what} beside its target model is not planned (planned: "
-                                          f"the DFlash decoder)")
         return ctx_other
     return None
 

@@ -200,7 +200,8 @@ def test_the_fitted_llama_server_command_loads_as_fitted(golden: Path):
 def _draft_context_log(text: str) -> dict:
     """What llama-server logged of its draft context's creation (common_speculative_init_result),
     up to its first reservation (llama_init_from_model; the speculative decoder may reserve it again
-    later for backend samplers): buffers per type in MiB as logged, and the graph's nodes and splits."""
+    later for backend samplers): buffers per type in MiB as logged, and the pp and tg graphs' nodes and
+    splits."""
     draft = text.split("common_speculative_init_result: loading draft model", 1)[1]
     draft = draft.split("sched_reserve: reserve took", 1)[0]
     out: dict = {"model_buffers": {}, "output_buffers": {}, "kv_buffers": {}, "compute_buffers": {}}
@@ -210,8 +211,11 @@ def _draft_context_log(text: str) -> dict:
                     ("compute_buffers", r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")):
         for m in re.finditer(rx, draft):
             out[key][m.group(1)] = m.group(2)
-    m = re.search(r"sched_reserve: graph: nodes = (\d+), splits = (\d+)", draft)
-    out["graph"] = (int(m.group(1)), int(m.group(2)))
+    # one count where the pp and tg graphs agree, else "pp / tg" (sched_reserve's diff)
+    m = re.search(r"sched_reserve: graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: / (\d+))?, "
+                  r"splits = (\d+)(?: / (\d+))?", draft)
+    nodes_pp, nodes_tg, splits_pp, splits_tg = m.groups()
+    out["graph"] = {"pp": (int(nodes_pp), int(splits_pp)), "tg": (int(nodes_tg or nodes_pp), int(splits_tg or splits_pp))}
     return out
 
 
@@ -227,12 +231,17 @@ def _draft_context_log(text: str) -> dict:
     ("tiny-qwen3", "tiny-dflash", 0, ["-c", "4096"]),
     ("tiny-qwen3", "tiny-dflash", 0, ["-c", "4096", "-np", "3", "-fa", "off", "-ctkd", "q8_0"]),
     ("tiny-qwen3", "tiny-dflash", 2, ["-c", "2048", "-ngl", "99", "-ts", "1,1", "-ngld", "2"]),
+    ("tiny-qwen3", "tiny-dflash2", 0, ["--spec-type", "draft-dflash", "-c", "4096"]),
+    ("tiny-qwen3", "tiny-dflash2", 2, ["-c", "2048", "-np", "2", "-ngl", "99", "-ts", "3,1", "-fa", "off"]),
+    ("tiny-qwen3", "tiny-dspark", 0, ["--spec-type", "draft-dspark", "-c", "4096", "-ub", "32"]),
+    ("tiny-qwen3", "tiny-dspark", 1, ["-c", "2048", "-np", "2", "-ngl", "99", "-ctkd", "q8_0", "-ctvd", "q8_0"]),
     ("tiny-llama", "tiny-eagle3-shared", 0, ["--spec-type", "draft-eagle3", "-c", "4096", "-np", "2"]),
     ("tiny-llama", "tiny-eagle3-shared", 1, ["--spec-type", "draft-eagle3", "-c", "2048", "-ngl", "1", "-fa", "off"]),
 ])
 def test_the_draft_context_equals_llama_servers(model, draft, n_rpc, flags):
     """A Gemma 4 assistant's context beside tiny-gemma4 (ctx_other: no KV buffer of its own), a
-    DFlash drafter's beside tiny-qwen3 (the speculative type read from the file) and an EAGLE-3
+    DFlash, DFlash2 and DSpark drafter's beside tiny-qwen3 (the speculative type given, or read from
+    the file; -ub 32 reserves DSpark's whole Markov chain) and an EAGLE-3
     head's without its own embedding and head beside tiny-llama, as the real
     llama-server creates them after the model's: `reserve -- llama-server ...` plans the same buffers
     and graph as it logs (MiB to two decimals; the bytes are the goldens' business), -fit off."""
@@ -288,4 +297,4 @@ def _check_draft_context(res, text: str) -> None:
     plan, real = json.loads(res.stdout)["draft"], _draft_context_log(text)
     for key in ("model_buffers", "output_buffers", "kv_buffers", "compute_buffers"):
         assert {k: f"{v / MiB:.2f}" for k, v in plan[key].items() if v} == real[key], key
-    assert (plan["graphs"]["pp"]["nodes"], plan["graphs"]["pp"]["splits"]) == real["graph"]
+    assert {g: (plan["graphs"][g]["nodes"], plan["graphs"][g]["splits"]) for g in ("pp", "tg")} == real["graph"]

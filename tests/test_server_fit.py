@@ -235,6 +235,7 @@ def _draft_context_log(text: str) -> dict:
     ("tiny-qwen3", "tiny-dflash2", 2, ["-c", "2048", "-np", "2", "-ngl", "99", "-ts", "3,1", "-fa", "off"]),
     ("tiny-qwen3", "tiny-dspark", 0, ["--spec-type", "draft-dspark", "-c", "4096", "-ub", "32"]),
     ("tiny-qwen3", "tiny-dspark", 1, ["-c", "2048", "-np", "2", "-ngl", "99", "-ctkd", "q8_0", "-ctvd", "q8_0"]),
+    ("tiny-qwen3", "tiny-dspark-bonus", 0, ["-c", "4096", "-np", "2", "-ub", "32"]),
     ("tiny-llama", "tiny-eagle3-shared", 0, ["--spec-type", "draft-eagle3", "-c", "4096", "-np", "2"]),
     ("tiny-llama", "tiny-eagle3-shared", 1, ["--spec-type", "draft-eagle3", "-c", "2048", "-ngl", "1", "-fa", "off"]),
 ])

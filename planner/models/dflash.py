@@ -20,7 +20,8 @@ from .. import ggml
 from ..ggml import GGMLAbort
 from ..graph import LLM_FFN_GELU, LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext
 from ..gguf import ARRAY, BOOL, INT32, STRING, UINT32
-from ..hparams import LLAMA_ROPE_TYPE_MROPE, LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_NONE, LLAMA_SWA_TYPE_STANDARD, HParams
+from ..hparams import (LLAMA_ROPE_TYPE_MROPE, LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_NONE, LLAMA_SWA_TYPE_STANDARD, HParams,
+                       UnsupportedModel)
 from ..model import Model, TensorCreator
 from ..model_loader import TENSOR_DUPLICATED, TENSOR_NOT_REQUIRED, ModelLoader, tn
 
@@ -287,9 +288,9 @@ def build_dspark_markov_head(g: GraphContext, tokens: ggml.Tensor) -> None:
     if hp.dflash_block_size == 0:
         raise GGMLAbort("llama.cpp would abort (dflash.cpp GGML_ASSERT: DSpark draft requires 'dflash.block_size' "
                         "in GGUF metadata, and block_size > 0)")
-    if hp.dflash_block_size >= 2**31:
-        raise GGMLAbort(f"llama.cpp would terminate (dflash.cpp: std::stoi of dflash.block_size "
-                        f"{hp.dflash_block_size} is out of range)")
+    if hp.dflash_block_size >= 2**31:   # std::out_of_range, caught by llama_init_from_model
+        raise UnsupportedModel(f"llama.cpp cannot create the draft context: std::stoi of dflash.block_size "
+                               f"{hp.dflash_block_size} is out of range (failed to initialize the context)")
     block_size = hp.dflash_block_size
     i_draft_beg = 0 if hp.dflash_sample_from_anchor else 1   # SpecForge exports: slot 0 is a bonus token
     n_blocks = g.ubatch.n_seqs_unq

@@ -42,7 +42,7 @@ from ..planner.ggml import type_by_name
 from ..planner.hparams import LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_POOLING_TYPES
 from ..planner.params import KV_TYPES, Params
 from ..planner.kv_cache_msa import N_POS_PAD
-from ..planner.reserve import MSA_ARCHS, RESERVE_PP_ONE_SEQ_ARCHS
+from ..planner.reserve import MSA_ARCHS, NO_MEMORY_ARCHS, RESERVE_PP_ONE_SEQ_ARCHS
 from ..planner.vocab import RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT
 from .llama_cpp_lib import MISSING_MESSAGE, LlamaCppMissing, RunError, available, lib_dir  # noqa: F401 (this module's API)
 
@@ -272,6 +272,7 @@ _GRAPH2_RE = re.compile(r"sched_reserve: graph \(pp bs=(\d+), tg bs=(\d+)\): nod
                         r"splits = (\d+) / (\d+)")
 _COPIES_RE = re.compile(r"sched_reserve: reserve took .* sched copies = (\d+)")
 _FA_RE = re.compile(r"resolve_fused_ops: Flash Attention (enabled|not supported, set to disabled)")
+_CTX_WARN_RE = re.compile(r"llama_context: (n_ctx_seq \(\d+\) > n_ctx_train \(\d+\) -- possible training context overflow)")
 _COMPUTE_RE = re.compile(r"^sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB", re.M)
 _OUTPUT_RE = re.compile(r"^llama_context:\s+(\S+)  output buffer size =\s+([\d.]+) MiB", re.M)
 _MODEL_RE = re.compile(r"^load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", re.M)
@@ -519,7 +520,7 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
             raise RunError(f"llama.cpp could not create the context: {log.errors()}")
 
         result = _collect(llama_cpp, ggml, shim, log.text, model_path, model, ctx, params)
-        warnings = _rerank_warnings(llama_cpp, model, ctx)
+        warnings = _CTX_WARN_RE.findall(log.text) + _rerank_warnings(llama_cpp, model, ctx)
         if warnings:
             result["warnings"] = warnings
 
@@ -841,6 +842,12 @@ def _unreplayable(result: dict) -> Optional[str]:
         return (f"the pp reservation has {n_tokens} tokens (rounded up to a multiple of "
                 f"n_seq_max {params['n_seq_max']}), more than n_ubatch {params['n_ubatch']}: no decode "
                 f"computes that ubatch, so its tensor offsets cannot be measured")
+    n_outputs = result["graphs"]["pp"]["n_outputs"]
+    if result["model"]["arch"] in NO_MEMORY_ARCHS and n_outputs < n_tokens:
+        return (f"a model without memory decodes through llama_context::encode, which outputs every token "
+                f"({n_tokens}), where the pp reservation outputs {n_outputs} (its n_tokens before rounding up to a "
+                f"multiple of n_seq_max {params['n_seq_max']}): no decode builds the reserved graph, so its tensor "
+                f"offsets cannot be measured")
     if result["model"]["arch"] == "t5encoder" and n_seqs > 1 and not params["kv_unified"]:
         return ("a decode of several sequences over a non-unified cache splits the batch into equal "
                 "sequences, on which T5's encoder position buckets abort (llama-graph.cpp:181 "
@@ -873,9 +880,9 @@ def _final_pp_ubatch(result: dict) -> tuple[int, int]:
 
 
 def _decode_reserve_ubatch(llama_cpp, ctx, result: dict) -> None:
-    """Decode the reserve's pp ubatch for real: n_tokens = min(n_ctx, n_ubatch) tokens, every one
-    with logits (n_outputs = n_tokens, as the reserve's n_outputs_pp when n_outputs_max >= n_tokens),
-    split evenly over the reservation's sequences (_final_pp_ubatch; seq s: positions
+    """Decode the reserve's pp ubatch for real: n_tokens = min(n_ctx, n_ubatch) tokens, the first
+    n_outputs_pp of them with logits (the reserve's n_outputs: min(n_tokens, n_outputs_max), fewer
+    than n_tokens where rounding n_tokens up to a multiple of n_seq_max passed n_outputs_max), split evenly over the reservation's sequences (_final_pp_ubatch; seq s: positions
     0..n_tokens/n_seqs-1) as balloc.ubatch_reserve lays them out; with one sequence: seq 0,
     positions 0..n_tokens-1.
 
@@ -886,6 +893,7 @@ def _decode_reserve_ubatch(llama_cpp, ctx, result: dict) -> None:
     the whole cache), so they fit their slots; their "size" is the decode's, not the reserve's.
     """
     n_tokens, n_seqs = _final_pp_ubatch(result)
+    n_outputs = result["graphs"]["pp"]["n_outputs"]
     per_seq = n_tokens // n_seqs
     n_vocab = result["model"]["n_vocab"]
     batch = llama_cpp.llama_batch_init(n_tokens, 0, 1)
@@ -895,7 +903,7 @@ def _decode_reserve_ubatch(llama_cpp, ctx, result: dict) -> None:
             batch.pos[i] = i % per_seq
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = i // per_seq
-            batch.logits[i] = 1
+            batch.logits[i] = int(i < n_outputs)
         batch.n_tokens = n_tokens
         rc = llama_cpp.llama_decode(ctx, batch)
     finally:

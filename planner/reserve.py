@@ -104,9 +104,17 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     kv = create_memory(hp, cp, devices, ctx_other)
     output_size = output_reserve_size(hp, cp)
     sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
-    # common_init_from_params, after the context: its warnings where the vocabulary cannot rerank
+    # llama_context's warning, then common_init_from_params' where the vocabulary cannot rerank
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size, ctx_other=ctx_other,
-                   warnings=rerank_warnings(ml, vocab, cp.pooling_type))
+                   warnings=context_warnings(hp, cp) + rerank_warnings(ml, vocab, cp.pooling_type))
+
+
+def context_warnings(hp: HParams, cp: CParams) -> list[str]:
+    """What llama_context's constructor warns of (LLAMA_LOG_WARN, llama-context.cpp:327): a sequence
+    longer than the training context (models with learned positions then index past their table)."""
+    if cp.n_ctx_seq > hp.n_ctx_train:
+        return [f"n_ctx_seq ({cp.n_ctx_seq}) > n_ctx_train ({hp.n_ctx_train}) -- possible training context overflow"]
+    return []
 
 
 def output_reserve_size(hp: HParams, cp: CParams) -> int:

@@ -199,7 +199,7 @@ def test_verify_cli_against_itself_and_a_perturbed_copy(cpu_run, monkeypatch):
     import schedplan.planner.reserve as planner_reserve
 
     plan = copy.deepcopy(cpu_run)
-    monkeypatch.setattr(planner_reserve, "reserve", lambda path, params, tensors=False: plan)
+    monkeypatch.setattr(planner_reserve, "reserve", lambda path, params, tensors=False, draft=None: plan)
     args = ["verify", str(SMOLLM2), "-c", "2048", "-ub", "512"]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
@@ -296,3 +296,20 @@ def test_rpc_servers_stop_and_leave_nothing_listening():
     for p in ports:
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", p), timeout=1).close()
+
+
+@pytest.mark.parametrize("model,flags,warned", [("tiny-bert", ["-c", "4096"], True), ("tiny-bert", ["-c", "512"], False),
+                                                ("tiny-llama", ["-c", "8192", "-np", "2"], False),
+                                                ("tiny-llama", ["-c", "8192"], True)])
+def test_the_plan_warns_what_llama_cpp_warns_of_the_context(model, flags, warned):
+    """llama_context's LLAMA_LOG_WARN of a sequence past the training context (n_ctx_train 512 for
+    tiny-bert, 4096 for tiny-llama; -np 2 halves the sequence): the plan's warnings are those real
+    llama.cpp logs."""
+    from fixtures.make_gguf import model_path
+    from schedplan.cli.options import parse_params
+    from schedplan.planner.reserve import reserve
+
+    path, params = str(model_path(model)), parse_params(flags)
+    real = lcr.run(path, params)
+    assert reserve(path, params).get("warnings", []) == real.get("warnings", [])
+    assert any("possible training context overflow" in w for w in real.get("warnings", [])) == warned

@@ -186,3 +186,16 @@ def test_the_executor_hands_llama_cpp_a_terminated_array():
     assert [(i.tag, i.key) for i in items] == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d"), (0, b"")]
     assert (items[0].value.val_i64, items[1].value.val_f64, items[2].value.val_bool, items[3].value.val_str) == \
         (-3, 0.5, True, b"x")
+
+
+def test_the_printed_fit_command_keeps_the_overrides():
+    """fit's llama-server line (--server) and the command to paste (`fit -- llama-server ...`)."""
+    m = str(model_path("tiny-qwen3moe"))
+    r = CliRunner().invoke(cli, ["fit", m, "--server", "--device", "none", "--override-kv",
+                                 "qwen3moe.expert_used_count=int:4"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[1] == f"llama-server -m {m} --override-kv qwen3moe.expert_used_count=int:4 -c 4096 -ngl -1"
+    r = CliRunner().invoke(cli, ["fit", "--device", "none", "--", "llama-server", "-m", m, "--override-kv",
+                                 "qwen3moe.expert_used_count=int:4"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0] == f"llama-server -m {m} --override-kv qwen3moe.expert_used_count=int:4 -c 4096 -ngl -1"

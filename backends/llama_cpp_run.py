@@ -40,7 +40,7 @@ from typing import Optional
 from ..planner import LLAMA_CPP_COMMIT
 from ..planner.ggml import type_by_name
 from ..planner.hparams import LLAMA_POOLING_TYPE_UNSPECIFIED, LLAMA_POOLING_TYPES
-from ..planner.params import KV_TYPES, Params
+from ..planner.params import KV_TYPES, KvOverride, Params
 from ..planner.kv_cache_msa import N_POS_PAD
 from ..planner.reserve import MSA_ARCHS, NO_MEMORY_ARCHS, RESERVE_PP_ONE_SEQ_ARCHS
 from ..planner.vocab import RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT
@@ -398,6 +398,7 @@ def params_from_dict(d: dict) -> Params:
         d[key] = tuple(d.get(key) or ())
     d["tensor_overrides"] = tuple(tuple(x) for x in d.get("tensor_overrides") or ())
     d["rpc_memory"] = tuple(tuple(x) if x else None for x in d.get("rpc_memory") or ())
+    d["kv_overrides"] = tuple(KvOverride(**x) for x in d.get("kv_overrides") or ())
     return Params(**d)
 
 
@@ -496,6 +497,26 @@ def _buft_overrides(ggml: Ggml, overrides: tuple[tuple[str, str], ...]):
     return (TensorBuftOverride * len(items))(*items)
 
 
+def _kv_overrides(llama_cpp, overrides: tuple[KvOverride, ...]):
+    """--override-kv as common/arg.cpp hands it to llama.cpp (common_model_params_to_llama): the
+    llama_model_kv_override structs in order, then one with an empty key that ends the list."""
+    tags = {"int": llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, "float": llama_cpp.LLAMA_KV_OVERRIDE_TYPE_FLOAT,
+            "bool": llama_cpp.LLAMA_KV_OVERRIDE_TYPE_BOOL, "str": llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR}
+    items = (llama_cpp.llama_model_kv_override * (len(overrides) + 1))()
+    for item, o in zip(items, overrides):
+        item.tag = tags[o.tag]
+        item.key = o.key.encode(errors="surrogateescape")
+        if o.tag == "int":
+            item.value.val_i64 = o.value
+        elif o.tag == "float":
+            item.value.val_f64 = o.value
+        elif o.tag == "bool":
+            item.value.val_bool = o.value
+        else:
+            item.value.val_str = o.value.encode(errors="surrogateescape")
+    return items
+
+
 def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, log_path: Optional[str],
               no_alloc: bool = False, draft: Optional[tuple[str, Params]] = None) -> dict:
     llama_cpp = import_llama_cpp()
@@ -520,7 +541,7 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
             raise RunError(f"llama.cpp could not create the context: {log.errors()}")
 
         result = _collect(llama_cpp, ggml, shim, log.text, model_path, model, ctx, params)
-        warnings = _CTX_WARN_RE.findall(log.text) + _rerank_warnings(llama_cpp, model, ctx)
+        warnings = _override_warnings(log.text) + _CTX_WARN_RE.findall(log.text) + _rerank_warnings(llama_cpp, model, ctx)
         if warnings:
             result["warnings"] = warnings
 
@@ -605,6 +626,10 @@ def _load_model(llama_cpp, ggml: Ggml, log: LogCapture, model_path: str, params:
         ovr = _buft_overrides(ggml, params.tensor_overrides)
         keep.append(ovr)
         mp.tensor_buft_overrides = ctypes.cast(ovr, ctypes.c_void_p)
+    if params.kv_overrides:
+        kvo = _kv_overrides(llama_cpp, params.kv_overrides)
+        keep.append(kvo)
+        mp.kv_overrides = ctypes.cast(kvo, ctypes.POINTER(llama_cpp.llama_model_kv_override))
 
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp)
     if not model:
@@ -638,6 +663,16 @@ def _context_params(llama_cpp, params: Params):
     cp.op_offload = params.op_offload
     cp.n_threads = cp.n_threads_batch = max(1, os.cpu_count() or 1)
     return cp
+
+
+def _override_warnings(log_text: str) -> list[str]:
+    """validate_override's warnings (src/llama-model-loader.cpp) of an --override-kv whose type is not
+    the one the key is read as, once each."""
+    out = []
+    for m in re.finditer(r"validate_override: Warning: (Bad metadata override type for key .*)", log_text):
+        if m.group(1) not in out:
+            out.append(m.group(1))
+    return out
 
 
 def _rerank_warnings(llama_cpp, model, ctx) -> list[str]:

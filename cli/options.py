@@ -12,7 +12,7 @@ from .errors import fail_cleanly
 from ..planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device, parse_size
 from ..planner.download import is_url
 from ..planner.hparams import LLAMA_MAX_LAYERS, LLAMA_POOLING_TYPES
-from ..planner.params import KV_TYPES, Params
+from ..planner.params import KV_TYPES, BadKvOverride, KvOverride, Params, parse_kv_overrides
 
 
 
@@ -70,6 +70,17 @@ def _stof(text: str) -> float:
     if f != 0.0 and abs(f) < FLT_MIN or f == 0.0 and x != 0.0:
         raise ValueError(f"{text.strip()} is out of the range of a float (below {FLT_MIN:g})")
     return f
+
+
+def _kv_overrides(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[KvOverride, ...]:
+    """--override-kv KEY=TYPE:VALUE[,...], repeatable: each flag's handler appends its items in order."""
+    out = []
+    for value in values:
+        try:
+            out += parse_kv_overrides(value)
+        except BadKvOverride as e:
+            raise click.BadParameter(f"{e} (llama.cpp refuses it: \"Invalid type for KV override\")") from None
+    return tuple(out)
 
 
 def _parse_tensor_split(value: str | None) -> tuple[float, ...]:
@@ -272,6 +283,11 @@ def plan_options(func: Callable) -> Callable:
         click.option("-ncffn", "--n-cpu-ffn", "n_cpu_ffn", type=Int32(min=0), default=0,
                      callback=_add_n_cpu(LLM_FFN_DENSE_REGEX), metavar="N",
                      help="Keep the dense FFN weights of the first N layers on the CPU."),
+        click.option("--override-kv", "kv_overrides", multiple=True, metavar="KEY=TYPE:VALUE[,...]",
+                     callback=_kv_overrides,
+                     help="Override the model's metadata as llama.cpp loads it (types int, float, bool, str; "
+                     "comma-separated or repeated; the first override of a key wins), e.g. "
+                     "qwen3moe.expert_used_count=int:4 or llama.context_length=int:8192."),
         click.option("--rpc", "rpc", multiple=True, metavar="HOST:PORT[,...]", callback=_rpc_endpoints,
                      help="ggml RPC servers to use as devices, comma-separated as llama.cpp takes them (repeatable)."),
         click.option("--rpc-memory", "rpc_memory", multiple=True, metavar="HOST:PORT=FREE[/TOTAL]",
@@ -311,6 +327,7 @@ def plan_options(func: Callable) -> Callable:
             tensor_overrides=tuple(_overrides(click.get_current_context())), rpc=tuple(kwargs["rpc"]),
             rpc_memory=_rpc_memory_list(kwargs.pop("rpc"), kwargs.pop("rpc_memory")),
             devices=kwargs.pop("devices"), header_cache=not kwargs.pop("no_header_cache"),
+            kv_overrides=kwargs.pop("kv_overrides"),
         )
         return func(*args, **kwargs)
 

@@ -84,7 +84,7 @@ def fit_job(job: Job) -> FittedJob:
         from ..planner.mtmd.mtmd import mtmd_get_memory_usage
         from ..planner.server import check_mmproj_for_model, mmproj_fit_targets
         mmproj_plan = mtmd_get_memory_usage(params, job.mmproj)
-        check_mmproj_for_model(mmproj_plan, job.model, params.header_cache)
+        check_mmproj_for_model(mmproj_plan, job.model, params)
         margins, mmproj_log = mmproj_fit_targets(fit_targets(job.margins), mmproj_plan)
         log += mmproj_log
     result = fit_params(job.model, params, n_ctx_auto=job.n_ctx_auto, margins=margins, n_ctx_min=job.n_ctx_min,

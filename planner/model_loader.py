@@ -7,6 +7,7 @@ llama.cpp requires; nothing is allocated in proportion to a header value before 
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional
 
@@ -14,6 +15,7 @@ from .arch import LLM_TENSOR_INFOS
 from .download import read_model_header
 from .gguf import ARRAY, BOOL, FLOAT32, INT32, STRING, UINT16, UINT32, UINT64, GGUFError, _type_name, shown
 from .hparams import LLAMA_MAX_LAYERS, UnsupportedModel
+from .params import KvOverride
 from .split import LLM_KV_SPLIT_COUNT, LLM_KV_SPLIT_NO, LLM_KV_SPLIT_TENSORS_COUNT, list_splits, llama_split_path, llama_split_prefix
 
 if TYPE_CHECKING:
@@ -56,16 +58,26 @@ class ModelLoader:
     """llama_model_loader: the files of the model (one, or the parts of a split GGUF, read from
     the first), the key getters (get_key, get_key_or_arr, get_arr) and the tensor checks."""
 
-    def __init__(self, header: GGUFHeader, header_cache: bool = True):
+    def __init__(self, header: GGUFHeader, header_cache: bool = True, kv_overrides: tuple[KvOverride, ...] = ()):
         self.header = header
         self.header_cache = header_cache   # for split parts given as URLs
+        # the constructor's kv_overrides map: the list ends at the first empty key, and of two
+        # overrides of one key the first stays (std::unordered_map::insert)
+        self.kv_overrides: dict[str, KvOverride] = {}
+        for o in kv_overrides:
+            if not o.key:
+                break
+            self.kv_overrides.setdefault(o.key, o)
+        self.warnings: list[str] = []   # validate_override's "Bad metadata override type" lines
         self.arch = ""
+        self.arch = self._override("general.architecture", STRING)   # get_key(general.architecture, arch_name, false)
+        if self.arch is None:
+            self.arch = header.arch()
         self.files: list[GGUFHeader] = [header]
         self.n_tensors = len(header.tensors)   # the parts of a split add theirs
         n_split = self.get_u16(LLM_KV_SPLIT_COUNT, 0)
         if n_split > 1:
-            self._load_splits(n_split)   # before the architecture: a later part has none
-        self.arch = header.arch()
+            self._load_splits(n_split)
 
     def _add_tensors(self, header: GGUFHeader) -> None:
         for name in header.tensors.names():
@@ -150,8 +162,41 @@ class ModelLoader:
     def get_str(self, kv: str, default: Optional[str] = None) -> str:
         return self._get(kv, STRING, default)
 
-    def _get(self, kv: str, gguf_type: int, default):
+    def _override(self, key: str, gguf_type: int):
+        """GGUFMeta::GKV<T>::try_override: the override of key converted to T (the C++ type a gguf_type
+        stands for), or None where there is none or its type is not T's (validate_override warns, and
+        the file's value is read)."""
+        o = self.kv_overrides.get(key)
+        if o is None:
+            return None
+        expected = _OVERRIDE_TAG[gguf_type]
+        if o.tag != expected:
+            warning = f"Bad metadata override type for key '{key}', expected {expected} but got {o.tag}"
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+            return None
+        if gguf_type == UINT32:          # target = val_i64: the integer conversions wrap
+            return o.value & 0xFFFFFFFF
+        if gguf_type == UINT16:
+            return o.value & 0xFFFF
+        if gguf_type == INT32:
+            return (o.value + (1 << 31)) % (1 << 32) - (1 << 31)
+        if gguf_type == FLOAT32:         # double to float
+            return _to_float(o.value)
+        return o.value
+
+    def found(self, kv: str, gguf_type: int) -> bool:
+        """What get_key(kv, T, false) returns: an override of T's type, or the key in the file."""
         key = self.key(kv)
+        return self._override(key, gguf_type) is not None or self.header.get(key) is not None
+
+    def _get(self, kv: str, gguf_type: int, default):
+        """get_key: an override of the type asked for replaces the file's value (even where the file
+        has no such key), one of another type is ignored with a warning."""
+        key = self.key(kv)
+        value = self._override(key, gguf_type)
+        if value is not None:
+            return value
         if self.header.get(key) is None:
             if default is None:
                 self.fail(f"key not found in model: {key}")
@@ -191,8 +236,8 @@ class ModelLoader:
             if default is None:
                 self.fail(f"key not found in model: {key}")
             return (default,) * n
-        if self.header.kv_types[key][0] != ARRAY:
-            return (self._typed(key, UINT32),) * n
+        if self.header.kv_types[key][0] != ARRAY:   # get_key: an override applies to a scalar in the file
+            return (self._get(kv, UINT32, None),) * n
         if len(value) != n:
             self.fail(f"key {key} has wrong array length; expected {n}, got {len(value)}")
         return self.get_arr(kv, (BOOL, UINT32, INT32))
@@ -206,7 +251,7 @@ class ModelLoader:
                 self.fail(f"key not found in model: {key}")
             return (default,) * n
         if self.header.kv_types[key][0] != ARRAY:
-            return (self._typed(key, FLOAT32),) * n
+            return (self._get(kv, FLOAT32, None),) * n
         if len(value) != n:
             self.fail(f"key {key} has wrong array length; expected {n}, got {len(value)}")
         return self.get_arr(kv, (FLOAT32,))
@@ -225,7 +270,7 @@ class ModelLoader:
         std::array<int, 4>, so a scalar must be an int32 and the values read as signed ints."""
         key = self.key("%s.rope.dimension_sections")
         if self.header.get(key) is not None and self.header.kv_types[key][0] != ARRAY:
-            return (self._typed(key, INT32),) * 4
+            return (self._get("%s.rope.dimension_sections", INT32, None),) * 4
         return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in self.get_key_or_arr("%s.rope.dimension_sections", 4))
 
     def get_arr(self, kv: str, elem_types: tuple[int, ...], n_max: int = LLAMA_MAX_LAYERS) -> tuple:
@@ -286,6 +331,18 @@ class ModelLoader:
         if want != have:
             self.fail(f"tensor '{name}' has wrong shape; expected {_fmt_ne(want)}, got {_fmt_ne(have)}")
         return cur
+
+
+# the override type each getter's C++ type takes (try_override's overloads)
+_OVERRIDE_TAG = {BOOL: "bool", UINT16: "int", UINT32: "int", INT32: "int", FLOAT32: "float", STRING: "str"}
+
+
+def _to_float(x: float) -> float:
+    """A double converted to float: rounded to nearest, beyond the float range an infinity."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 def _fmt_ne(ne: tuple[int, ...]) -> str:

@@ -5,11 +5,110 @@ Defaults follow llama-server where it differs from the C API (see the reserve-en
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 # the cache types -ctk/-ctv accept (common/arg.cpp kv_cache_types)
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+@dataclass(frozen=True)
+class KvOverride:
+    """llama_model_kv_override: one --override-kv KEY=TYPE:VALUE. tag: int, float, bool or str (the
+    llama_model_kv_override_type names override_type_to_str prints); value as llama.cpp stores it
+    (val_i64, val_f64, val_bool, val_str). An empty key ends llama.cpp's list there."""
+    key: str
+    tag: str
+    value: Union[int, float, bool, str]
+
+
+class BadKvOverride(ValueError):
+    """An --override-kv item string_parse_kv_override refuses (its COM_ERR line)."""
+
+
+_ATOL = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+_ATOF = re.compile(r"[ \t\n\v\f\r]*([+-]?)(?:(0x(?:[0-9a-f]+\.?[0-9a-f]*|\.[0-9a-f]+)(?:p[+-]?[0-9]+)?)"
+                   r"|((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)|(inf(?:inity)?)|(nan(?:\([0-9a-z_]*\))?))",
+                   re.IGNORECASE)
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def c_atol(text: str) -> int:
+    """std::atol (glibc: strtol into a 64-bit long): the longest integer prefix after white space,
+    0 without one, clamped to the long's range."""
+    m = _ATOL.match(text)
+    return min(max(int(m.group(1)), INT64_MIN), INT64_MAX) if m else 0
+
+
+def c_atof(text: str) -> float:
+    """std::atof (strtod): the longest floating-point prefix after white space (decimal, hex,
+    inf/infinity, nan), 0.0 without one, +-inf beyond a double's range."""
+    m = _ATOF.match(text)
+    if not m:
+        return 0.0
+    sign, hexa, dec, inf, nan = m.groups()
+    x = float.fromhex(hexa) if hexa else float(dec) if dec else math.inf if inf else math.nan
+    return -x if sign == "-" else x
+
+
+def string_parse_kv_override(data: str) -> KvOverride:
+    """common/common.cpp string_parse_kv_override: KEY=TYPE:VALUE, the key shorter than 128 bytes,
+    TYPE int (atol), float (atof), bool (exactly true or false) or str (at most 127 bytes)."""
+    key, sep, rest = data.partition("=")
+    if not sep or len(key.encode()) >= 128:
+        raise BadKvOverride(f"malformed KV override '{data}'")
+    for tag in ("int", "float", "bool", "str"):
+        if rest.startswith(tag + ":"):
+            value = rest[len(tag) + 1:]
+            break
+    else:
+        raise BadKvOverride(f"invalid type for KV override '{data}'")
+    if tag == "int":
+        return KvOverride(key, tag, c_atol(value))
+    if tag == "float":
+        return KvOverride(key, tag, c_atof(value))
+    if tag == "bool":
+        if value not in ("true", "false"):
+            raise BadKvOverride(f"invalid boolean value for KV override '{data}'")
+        return KvOverride(key, tag, value == "true")
+    if len(value.encode()) > 127:
+        raise BadKvOverride(f"malformed KV override '{data}', value cannot exceed 127 chars")
+    return KvOverride(key, tag, value)
+
+
+def parse_csv_row(text: str) -> list[str]:
+    """common/arg.cpp parse_csv_row: fields split at commas outside double quotes; a quote opens a
+    quoted field only at the field's start (elsewhere it is kept), "" inside one is a quote."""
+    fields, field_, in_quotes, i = [], "", False, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            if not in_quotes:
+                if field_:
+                    field_ += '"'
+                else:
+                    in_quotes = True
+            elif text[i + 1:i + 2] == '"':
+                field_ += '"'
+                i += 1
+            else:
+                in_quotes = False
+        elif ch == "," and not in_quotes:
+            fields.append(field_)
+            field_ = ""
+        else:
+            field_ += ch
+        i += 1
+    fields.append(field_)
+    return fields
+
+
+def parse_kv_overrides(value: str) -> list[KvOverride]:
+    """--override-kv's handler: each comma-separated item (parse_csv_row) parsed in turn; the first
+    llama.cpp refuses stops it ("error: Invalid type for KV override: ITEM", whatever the reason)."""
+    return [string_parse_kv_override(item) for item in parse_csv_row(value)]
 
 
 @dataclass(frozen=True)
@@ -43,6 +142,7 @@ class Params:
     n_rs_seq: int = 0               # llama_context_params::n_rs_seq: recurrent-state snapshots per sequence
     embeddings: bool = False        # --embedding (--rerank): the context outputs embeddings
     pooling_type: str = "unspecified"   # --pooling none|mean|cls|last|rank; unspecified: the model's
+    kv_overrides: tuple[KvOverride, ...] = ()   # --override-kv KEY=TYPE:VALUE, in command-line order
 
 
 @dataclass(frozen=True)

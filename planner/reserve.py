@@ -87,7 +87,8 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     """header: the model's header when the caller already read it (fit measures a model many times).
     ctx_other: the target's context, for a draft head that reads the target's tensors
     (llama_context_params.ctx_other, which llama-server sets for every draft context)."""
-    ml = ModelLoader(header or read_model_header(model_path, params.header_cache), params.header_cache)
+    ml = ModelLoader(header or read_model_header(model_path, params.header_cache), params.header_cache,
+                     params.kv_overrides)
     hp = load_hparams(ml)
     vocab = load_vocab(ml)
     cp = derive_cparams(params, hp)
@@ -104,9 +105,9 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     kv = create_memory(hp, cp, devices, ctx_other)
     output_size = output_reserve_size(hp, cp)
     sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
-    # llama_context's warning, then common_init_from_params' where the vocabulary cannot rerank
+    # the loader's warnings, llama_context's, then common_init_from_params' where the vocabulary cannot rerank
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size, ctx_other=ctx_other,
-                   warnings=context_warnings(hp, cp) + rerank_warnings(ml, vocab, cp.pooling_type))
+                   warnings=ml.warnings + context_warnings(hp, cp) + rerank_warnings(ml, vocab, cp.pooling_type))
 
 
 def context_warnings(hp: HParams, cp: CParams) -> list[str]:
@@ -524,7 +525,7 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         from .mtmd.mtmd import mtmd_get_memory_usage
         from .server import check_mmproj_for_model
         projector = mtmd_get_memory_usage(params, mmproj)
-        check_mmproj_for_model(projector, model_path, params.header_cache)
+        check_mmproj_for_model(projector, model_path, params)
     ctx = create_context(model_path, params, header)
     stats = sched_reserve(ctx)
     result = {"schema": SCHEMA, "source": "plan", "llama_cpp": {"commit": LLAMA_CPP_COMMIT},
@@ -615,10 +616,12 @@ def _sum_by_buft(buffers) -> dict[str, int]:
 
 
 def model_summary(ctx: Context) -> dict:
+    """What llama_model_n_layer, _n_embd, ... return: n_ctx_train, a uint32_t (--override-kv can set
+    any), as the int32_t llama_model_n_ctx_train returns."""
     hp = ctx.hparams
     return {"path": ctx.path, "arch": hp.arch, "n_layer": hp.n_layer, "n_embd": hp.n_embd,
             "n_head": hp.n_head(), "n_head_kv": hp.n_head_kv(), "n_vocab": hp.n_vocab,
-            "n_ctx_train": hp.n_ctx_train}
+            "n_ctx_train": hp.n_ctx_train - (1 << 32) if hp.n_ctx_train >= 1 << 31 else hp.n_ctx_train}
 
 
 def effective_params(ctx: Context) -> dict:

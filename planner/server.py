@@ -158,9 +158,11 @@ def mmproj_fit_targets(targets: list[int], plan: MmprojPlan) -> tuple[list[int],
     return out, log
 
 
-def check_mmproj_for_model(plan: MmprojPlan, model_path: str, header_cache: bool = True) -> None:
-    """The embedding-size check llama-server's projector load makes against the text model."""
-    hp = load_hparams(ModelLoader(read_model_header(model_path, header_cache), header_cache))
+def check_mmproj_for_model(plan: MmprojPlan, model_path: str, params: Params) -> None:
+    """The embedding-size check llama-server's projector load makes against the text model (as loaded,
+    with its --override-kv)."""
+    hp = load_hparams(ModelLoader(read_model_header(model_path, params.header_cache), params.header_cache,
+                                  params.kv_overrides))
     check_n_embd(plan, model_path, hp.n_embd_inp())
 
 
@@ -176,7 +178,7 @@ def loaded_with(model_path: str, params: Params) -> dict:
     from .model import load_tensors
     from .vocab import load_vocab, rerank_warnings
 
-    ml = ModelLoader(read_model_header(model_path, params.header_cache), params.header_cache)
+    ml = ModelLoader(read_model_header(model_path, params.header_cache), params.header_cache, params.kv_overrides)
     hp = load_hparams(ml)
     devices = plan_devices(params, hp)
     unmapped = dataclasses.replace(params, use_mmap=False)
@@ -198,7 +200,7 @@ def loaded_with(model_path: str, params: Params) -> dict:
                                  "n_outputs_max": cp.n_outputs_max},
               "layer_devices": [b.device_name for b in devices.layer_backend] + [devices.output_backend.device_name],
               "overrides": overrides}
-    warnings = rerank_warnings(ml, vocab, cp.pooling_type)    # common_init_from_params, after the context
+    warnings = ml.warnings + rerank_warnings(ml, vocab, cp.pooling_type)    # common_init_from_params, after the context
     if warnings:
         loaded["warnings"] = warnings
     return loaded

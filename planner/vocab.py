@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .gguf import STRING
 from .hparams import LLAMA_POOLING_TYPE_RANK
 from .model_loader import ModelLoader
 
@@ -34,6 +35,7 @@ LLM_KV_TOKENIZER_BOS_ID = "tokenizer.ggml.bos_token_id"
 LLM_KV_TOKENIZER_EOS_ID = "tokenizer.ggml.eos_token_id"
 LLM_KV_TOKENIZER_SEP_ID = "tokenizer.ggml.seperator_token_id"   # sic, as llama-arch.cpp spells it
 LLM_KV_TOKENIZER_CHAT_TEMPLATE = "tokenizer.chat_template"
+LLM_KV_TOKENIZER_MERGES = "tokenizer.ggml.merges"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,12 @@ def load_vocab(ml: ModelLoader) -> Vocab:
         ml.fail(f"unknown tokenizer: '{tokenizer_model}'")
     bos, eos, sep = _DEFAULT_BOS_EOS_SEP[tokenizer_model]
     tokenizer_pre = "gemma4" if tokenizer_model == "gemma4" else ml.get_str("tokenizer.ggml.pre", "")
+    if tokenizer_model in _BPE_MODELS:   # the BPE branches read the merges (Kimi-K2's tokenizer has none)
+        if not ml.has(LLM_KV_TOKENIZER_MERGES):
+            if tokenizer_model == "gemma4" or tokenizer_pre != "kimi-k2":
+                ml.fail("error loading model vocabulary: cannot find tokenizer merges in model file")
+        elif not ml.is_array(LLM_KV_TOKENIZER_MERGES) or ml.header.kv_types[LLM_KV_TOKENIZER_MERGES][1] != STRING:
+            ml.fail(f"error loading model vocabulary: invalid gguf type for {LLM_KV_TOKENIZER_MERGES}")
     if tokenizer_model in _BPE_MODELS and tokenizer_pre in _PRE_NO_BOS:
         bos = LLAMA_TOKEN_NULL
     # "special tokens": a default out of the vocabulary is disabled, then a key in range replaces it

@@ -285,7 +285,7 @@ def test_config_files(clean_env):
     (["-m", "m", "-ctkd", "q3_k"], "Unsupported cache type: q3_k"),
     (["-m", "m", "-mmdev", "RPC0", "--rpc", "h:1"], "must come before -mmdev"),
     (["-m", "m", "--rpc", "h:1,h:2", "-mmdev", "RPC0,RPC1"], "only one device may be specified for mmproj"),
-    (["-m", "m", "--override-kv", "llama.context_length=int:4096"], "metadata"),
+    (["-m", "m", "--override-kv", "llama.context_length=int:4096,n_ctx"], "malformed KV override 'n_ctx'"),
     (["-m", "m", "--list-devices"], "schedplan devices"),
     (["--gpt-oss-20b-default"], "sets a model and its flags"),
     (["-m", "m", "-lzm", "on"], "not planned"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from .. import ggml
+from ..gguf import FLOAT32
 from ..graph import (LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM, LLM_NORM_RMS,
                      GraphContext)
 from ..hparams import LLAMA_ROPE_TYPE_NORM, LLAMA_SWA_TYPE_STANDARD, HParams
@@ -22,8 +23,8 @@ LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM
 
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
-    found_norm = ml.has("%s.attention.layer_norm_epsilon")
-    found_norm_rms = ml.has("%s.attention.layer_norm_rms_epsilon")
+    found_norm = ml.found("%s.attention.layer_norm_epsilon", FLOAT32)
+    found_norm_rms = ml.found("%s.attention.layer_norm_rms_epsilon", FLOAT32)
     if not found_norm and not found_norm_rms:
         ml.fail("missing Cohere2 MoE norm epsilon (attention.layer_norm_epsilon or layer_norm_rms_epsilon)")
     if found_norm:

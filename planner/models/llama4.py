@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .. import ggml
 from ..ggml import GGMLAbort
+from ..gguf import UINT32
 from ..graph import LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, LLM_FFN_PAR, LLM_FFN_SILU, LLM_NORM_RMS, GraphContext, kq_scale_for
 from ..hparams import LLAMA_ROPE_TYPE_NORM, LLAMA_SWA_TYPE_CHUNKED, LLAMA_SWA_TYPE_NONE, HParams
 from ..model import Model, TensorCreator, load_swa_pattern, require_head_sizes_equal
@@ -23,7 +24,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
     hp.n_ff_exp_arr = ml.get_key_or_arr("%s.expert_feed_forward_length", hp.n_layer)
     hp.n_moe_layer_step = ml.get_u32("%s.interleave_moe_layer_step")
-    found_swa = ml.has("%s.attention.sliding_window")
+    found_swa = ml.found("%s.attention.sliding_window", UINT32)
     hp.n_swa = ml.get_u32("%s.attention.sliding_window", 0)
     if found_swa and hp.n_swa == 0:
         hp.swa_type = LLAMA_SWA_TYPE_NONE

@@ -36,7 +36,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     else:
         hp.swa_type = LLAMA_SWA_TYPE_NONE
     hp.f_norm_eps = ml.get_f32("%s.attention.layer_norm_epsilon")
-    hidden_act = ml.get_str("%s.hidden_activation") if ml.has("%s.hidden_activation") else ""
+    hidden_act = ml.get_str("%s.hidden_activation", "")
     hp.llm_ffn_op = LLM_FFN_OP_TYPES_FROM_STRING.get(hidden_act, LLM_FFN_GEGLU)
     # GGUFs without a classifier pooling type use mean (gte-reranker-modernbert-base)
     if hp.pooling_type_cls == LLAMA_POOLING_TYPE_UNSPECIFIED:

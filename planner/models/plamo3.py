@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from .. import ggml
+from ..gguf import UINT32
 from ..graph import LLM_FFN_SEQ, LLM_FFN_SWIGLU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NEOX, LLAMA_SWA_TYPE_NONE, LLAMA_SWA_TYPE_STANDARD, HParams
 from ..model import Model, TensorCreator, load_swa_pattern
@@ -25,7 +26,7 @@ LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NEOX
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     """llama_model_plamo3::load_arch_hparams"""
     hp.f_norm_rms_eps = ml.get_f32("%s.attention.layer_norm_rms_epsilon")
-    found_swa = ml.has("%s.attention.sliding_window")
+    found_swa = ml.found("%s.attention.sliding_window", UINT32)
     if found_swa:
         hp.n_swa = ml.get_u32("%s.attention.sliding_window")
     if found_swa and hp.n_swa > 0:

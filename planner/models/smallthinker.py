@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from .. import ggml
+from ..gguf import UINT32
 from ..graph import LLM_FFN_RELU, LLM_NORM_RMS, GraphContext
 from ..hparams import LLAMA_ROPE_TYPE_NORM, LLAMA_SWA_TYPE_NONE, LLAMA_SWA_TYPE_STANDARD, HParams
 from ..model import Model, TensorCreator, load_swa_pattern, require, require_gating_func, require_head_sizes_equal
@@ -19,7 +20,7 @@ LLAMA_ROPE_TYPE = LLAMA_ROPE_TYPE_NORM
 
 
 def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
-    found_swa = ml.has("%s.attention.sliding_window")
+    found_swa = ml.found("%s.attention.sliding_window", UINT32)
     hp.n_swa = ml.get_u32("%s.attention.sliding_window", 0)
     if found_swa and hp.n_swa > 0:
         hp.swa_type = LLAMA_SWA_TYPE_STANDARD

@@ -217,6 +217,17 @@ class Shim:
                                     ctypes.POINTER(vp), ctypes.POINTER(sz), ctypes.POINTER(sz), ctypes.POINTER(sz))
         self.model_devices = _fn(lib, "sp_model_devices", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(vp))
         self.model_n_gpu_layers = _fn(lib, "sp_model_n_gpu_layers", ctypes.c_uint32, vp)
+        self.lora_buffers_fn = _fn(lib, "sp_lora_buffers", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(vp),
+                                   ctypes.POINTER(sz), ctypes.POINTER(ctypes.c_float))
+
+    def lora_buffers(self, adapter) -> tuple[list[int], int, float]:
+        """(the adapter's buffers, its number of lora_a/lora_b pairs, alpha) from llama_adapter_lora."""
+        cap = 64
+        bufs, n_pairs, alpha = (ctypes.c_void_p * cap)(), ctypes.c_size_t(), ctypes.c_float()
+        n = self.lora_buffers_fn(adapter, cap, bufs, ctypes.byref(n_pairs), ctypes.byref(alpha))
+        if n > cap:
+            raise RunError(f"more than {cap} buffers in a LoRA adapter")
+        return [bufs[i] for i in range(n)], n_pairs.value, alpha.value
 
     def breakdown(self, ctx) -> list[tuple[int, int, int, int]]:
         """[(buft, model, context, compute)] from llama_get_memory_breakdown."""
@@ -399,6 +410,7 @@ def params_from_dict(d: dict) -> Params:
     d["tensor_overrides"] = tuple(tuple(x) for x in d.get("tensor_overrides") or ())
     d["rpc_memory"] = tuple(tuple(x) if x else None for x in d.get("rpc_memory") or ())
     d["kv_overrides"] = tuple(KvOverride(**x) for x in d.get("kv_overrides") or ())
+    d["lora"] = tuple((path, scale) for path, scale in d.get("lora") or ())
     return Params(**d)
 
 
@@ -529,6 +541,7 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
     try:
         register_rpc_servers(ggml, params.rpc)
         model = _load_model(llama_cpp, ggml, log, model_path, params, keep, no_alloc)
+        adapters = _load_loras(llama_cpp, log, model, params)
         cp = _context_params(llama_cpp, params)
 
         recorder = TensorRecorder(ggml) if tensors else None
@@ -544,6 +557,10 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
         warnings = _override_warnings(log.text) + _CTX_WARN_RE.findall(log.text) + _rerank_warnings(llama_cpp, model, ctx)
         if warnings:
             result["warnings"] = warnings
+        if adapters:
+            result["lora"] = _apply_loras(llama_cpp, ggml, shim, log, model, ctx, params, adapters, result)
+            if recorder is not None:
+                recorder.reset()      # the warm-up decode is not the one the tensors are read from
 
         if recorder is not None:
             reason = _unreplayable(result)
@@ -573,6 +590,76 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
     if keep_log:
         result["log"] = log.text
     return result
+
+
+def _load_loras(llama_cpp, log: LogCapture, model, params: Params) -> list:
+    """common_init_result: each --lora/--lora-scaled adapter loaded after the model
+    (llama_adapter_lora_init), before the context; llama-server stops at the first it cannot load."""
+    adapters = []
+    for path, scale in params.lora:
+        adapter = llama_cpp.llama_adapter_lora_init(model, str(path).encode())
+        if not adapter:
+            why = [ln.strip() for ln in log.text.splitlines() if "failed to apply lora adapter" in ln or
+                   "failed to open" in ln]
+            raise RunError(f"llama.cpp could not load the LoRA adapter {path}: {' | '.join(why[-1:]) or log.errors()}")
+        adapters.append((adapter, path, scale))
+    return adapters
+
+
+_LORA_RE = re.compile(r"llama_adapter_lora_init_impl:\s+(\S+) LoRA buffer size =\s+([\d.]+) MiB")
+
+
+def _apply_loras(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model, ctx, params: Params, adapters: list,
+                 result: dict) -> dict:
+    """common_init_from_params after the context: common_set_adapter_lora (unless
+    --lora-init-without-apply, or where a context pooling by rank cannot rerank: it returned after
+    the warnings), then the warm-up decode (BOS and EOS, as common_init_from_params' warm-up), which
+    reserves the graphs again with the adapters (sched_need_reserve: a new scheduler). The result's
+    compute buffers and graphs become that reservation's (llama_get_memory_breakdown and the second
+    sched_reserve's log lines); the adapters' buffers are read from llama_adapter_lora::bufs (the
+    shim), and checked against their "LoRA buffer size" log lines."""
+    out_adapters, total = [], {}
+    for adapter, path, scale in adapters:
+        bufs, n_pairs, alpha = shim.lora_buffers(adapter)
+        sizes: dict[str, int] = {}
+        for buf in bufs:
+            name = ggml.buffer_name(buf).decode()
+            sizes[name] = sizes.get(name, 0) + ggml.buffer_get_size(buf)
+            total[name] = total.get(name, 0) + ggml.buffer_get_size(buf)
+        out_adapters.append({"path": path, "scale": scale, "alpha": alpha, "n_tensors": 2 * n_pairs,
+                             "buffers": sizes})
+    result["checks"]["lora_log_agrees"] = _log_agrees(_LORA_RE.findall(log.text), total)
+    before = dict(result["compute_buffers"])
+    applied = not params.lora_init_without_apply and "warnings" not in result and any(s != 0.0 for *_, s in adapters)
+    if applied:
+        n = len(adapters)
+        arr = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*[a for a, _, _ in adapters])
+        scales = (ctypes.c_float * n)(*[s for *_, s in adapters])
+        llama_cpp.llama_set_adapters_lora(ctx, arr, n, scales)
+        start = len(log.parts)
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        tokens = [t for t in (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab))
+                  if t != llama_cpp.LLAMA_TOKEN_NULL] or [0]
+        toks = (llama_cpp.llama_token * len(tokens))(*tokens)
+        rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(toks, len(tokens)))
+        if rc != 0:
+            raise RunError(f"the warm-up decode with the LoRA adapters returned {rc}")
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        parsed = parse_log("".join(log.parts[start:]))
+        if "graphs" not in parsed:
+            raise RunError("no second sched_reserve in llama.cpp's log after applying the LoRA adapters")
+        compute: dict[str, int] = {}
+        for buft, _, _, k in shim.breakdown(ctx):
+            if k > 1:
+                name = ggml.buft_name(buft).decode()
+                compute[name] = compute.get(name, 0) + k
+        result["compute_buffers"] = {k: compute[k] for k in result["compute_buffers"] if k in compute}
+        result["compute_buffers"].update({k: v for k, v in compute.items() if k not in result["compute_buffers"]})
+        for name in ("pp", "tg"):
+            result["graphs"][name]["nodes"] = parsed["graphs"][name]["nodes"]
+            result["graphs"][name]["splits"] = parsed["graphs"][name]["splits"]
+        result["checks"]["compute_log_agrees"] = _log_agrees(parsed["compute"], compute)
+    return {"adapters": out_adapters, "buffers": total, "applied": applied, "compute_buffers_before": before}
 
 
 def _run_draft(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, draft: tuple[str, Params], ctx_tgt,
@@ -823,6 +910,10 @@ class TensorRecorder:
             return True
 
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(cb)
+
+    def reset(self) -> None:
+        """Forget what earlier decodes showed."""
+        self.rows, self.seen, self.row_buffer, self.n_nodes, self.buffers, self.error = [], {}, [], 0, {}, None
 
     def _buffer(self, buf: int) -> tuple[str, str, int, int]:
         info = self.buffers.get(buf)

@@ -8,6 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 struct ggml_backend_buffer_type;
 struct ggml_backend_device;
@@ -30,6 +34,17 @@ using llama_memory_breakdown = std::map<ggml_backend_buffer_type *, llama_memory
 llama_memory_breakdown llama_get_memory_breakdown(const llama_context * ctx);
 int32_t                llama_model_n_devices(const llama_model * model);
 ggml_backend_device *  llama_model_get_device(const llama_model * model, int i);
+
+// src/llama-adapter.h: struct llama_adapter_lora's leading members, laid out alike (the map's value,
+// llama_adapter_lora_weight, is two tensor pointers; ggml_context_ptr and ggml_backend_buffer_ptr are
+// unique_ptrs with empty deleters, one pointer each)
+struct sp_adapter_lora {
+    void * model;
+    std::unordered_map<std::string, std::pair<void *, void *>> ab_map;
+    std::vector<void *> ctxs;
+    std::vector<void *> bufs;
+    float alpha;
+};
 
 extern "C" {
 
@@ -61,6 +76,19 @@ int sp_model_devices(const llama_model * model, int cap, void ** devs) {
 
 uint32_t sp_model_n_gpu_layers(const llama_model * model) {
     return model->n_gpu_layers();
+}
+
+// A LoRA adapter's buffers (llama_adapter_lora::bufs, one per buffer type), its number of lora_a/lora_b
+// pairs and alpha; returns the number of buffers.
+int sp_lora_buffers(const void * adapter, int cap, void ** bufs, size_t * n_pairs, float * alpha) {
+    const auto * a = static_cast<const sp_adapter_lora *>(adapter);
+    const int n = (int) a->bufs.size();
+    for (int i = 0; i < n && i < cap; i++) {
+        bufs[i] = a->bufs[i];
+    }
+    *n_pairs = a->ab_map.size();
+    *alpha = a->alpha;
+    return n;
 }
 
 }  // extern "C"

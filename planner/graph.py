@@ -19,6 +19,7 @@ from .kv_cache_dsa import KVCacheDSA, KVCacheDSAISWA
 from .kv_cache_dsv4 import DSV4_CSA_RATIO, DSV4_HCA_RATIO, CompPlan, KVCacheDSV4, reserve_comp_plan
 from .kv_cache_iswa import KVCacheISWA
 from .memory_recurrent import MemoryHybrid, MemoryRecurrent
+from .adapter import LoraAdapter
 from .model import Model
 
 
@@ -191,6 +192,8 @@ class GraphContext:
     # (input, its set_input) for the inputs every decode writes without asking whether they have a
     # buffer, in the order llm_graph_result::set_inputs writes them (check_decode_inputs)
     decode_inputs: list[tuple[Tensor, str]] = field(default_factory=list)
+    # llama_context::loras (llama_adapter_loras): the applied LoRA adapters and their scales
+    loras: list[tuple[LoraAdapter, float]] = field(default_factory=list)
 
     @property
     def hparams(self):
@@ -234,6 +237,14 @@ class GraphContext:
         self.cb(embd, "inp_embd", -1)
         embd.set_input()
         rows = ggml.get_rows(tok_embd, tokens)
+        for adapter, adapter_scale in self.loras:   # lora for the token embeddings
+            lw = adapter.get_weight(tok_embd)
+            if lw is None:
+                continue
+            scale = lw.get_scale(adapter.alpha, adapter_scale)
+            # non-transposed lora_b
+            delta = ggml.scale(ggml.mul_mat(lw.b, ggml.get_rows(lw.a, tokens)), scale)
+            rows = ggml.add(rows, delta)
         if n_embd_inp != n_embd:
             rows = ggml.pad(rows, n_embd_inp - n_embd, 0, 0, 0)
         cur = ggml.build_forward_select(self.gf, [rows, embd], 0)   # ubatch.token != nullptr
@@ -531,10 +542,19 @@ class GraphContext:
     # --- layers ----------------------------------------------------------------------------------
 
     def build_lora_mm(self, w: Tensor, cur: Tensor, w_s: Optional[Tensor] = None) -> Tensor:
-        """build_lora_mm: MUL_MAT, times the weight's scale where w_s is given."""
+        """build_lora_mm: MUL_MAT, times the weight's scale where w_s is given, plus each applied
+        LoRA adapter's scale * (b @ (a @ cur)) for the weight."""
         res = ggml.mul_mat(w, cur)
         if w_s is not None:
             res = ggml.mul(res, w_s)
+        for adapter, adapter_scale in self.loras:
+            lw = adapter.get_weight(w)
+            if lw is None:
+                continue
+            scale = lw.get_scale(adapter.alpha, adapter_scale)
+            ab_cur = ggml.mul_mat(lw.b, ggml.mul_mat(lw.a, cur))
+            ab_cur = ggml.scale(ab_cur, scale)
+            res = ggml.add(res, ab_cur)
         return res
 
     def build_lora_mm_id(self, w: Tensor, cur: Tensor, ids: Tensor, w_s: Optional[Tensor] = None) -> Tensor:
@@ -545,6 +565,14 @@ class GraphContext:
             s = ggml.reshape(w_s, 1, n_expert, 1)
             s = ggml.repeat_4d(s, 1, n_expert, cur.ne[2], 1)
             res = ggml.mul(res, ggml.get_rows(s, ids))
+        for adapter, adapter_scale in self.loras:
+            lw = adapter.get_weight(w)
+            if lw is None:
+                continue
+            scale = lw.get_scale(adapter.alpha, adapter_scale)
+            ab_cur = ggml.mul_mat_id(lw.b, ggml.mul_mat_id(lw.a, cur, ids), ids)
+            ab_cur = ggml.scale(ab_cur, scale)
+            res = ggml.add(res, ab_cur)
         return res
 
     def build_norm(self, cur: Tensor, mw: Optional[Tensor], mb: Optional[Tensor], type_: str, il: int) -> Tensor:

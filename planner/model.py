@@ -393,6 +393,7 @@ class Model:
     layers: list[Layer] = field(default_factory=list)         # the n_layer layers the graph runs
     layers_nextn: list[Layer] = field(default_factory=list)   # layers[n_layer:n_layer_all] in llama.cpp
     buffers: list[Buffer] = field(default_factory=list)   # in creation order
+    tensors_by_name: dict[str, Tensor] = field(default_factory=dict)   # llama_model::get_tensor's (the first of a name)
 
     def get_rope_factors(self, n_ctx_seq: int, il: int) -> Optional[Tensor]:
         """llama_model::get_rope_factors: rope_freqs, else long or short factors by context size."""
@@ -745,6 +746,10 @@ def load_tensors(ml: ModelLoader, hp: HParams, place: Placement, lazy_buft: Opti
                 "conversion): llama.cpp loads it but crashes building the main graph; it is a draft model")
     model.buffers = [b for ctx in (creator.ctx, creator.lazy_ctx) for buft, tensors in ctx.values()
                      for b in _alloc_weights(ml, buft, tensors)]
+    for ctx in (creator.ctx, creator.lazy_ctx):
+        for _, tensors in ctx.values():
+            for t in tensors:
+                model.tensors_by_name.setdefault(t.name, t)
     return model
 
 

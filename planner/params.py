@@ -143,6 +143,8 @@ class Params:
     embeddings: bool = False        # --embedding (--rerank): the context outputs embeddings
     pooling_type: str = "unspecified"   # --pooling none|mean|cls|last|rank; unspecified: the model's
     kv_overrides: tuple[KvOverride, ...] = ()   # --override-kv KEY=TYPE:VALUE, in command-line order
+    lora: tuple[tuple[str, float], ...] = ()   # --lora FILE (scale 1), --lora-scaled FILE SCALE, in order
+    lora_init_without_apply: bool = False      # --lora-init-without-apply
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from .kv_cache_iswa import KVCacheISWA, create_kv_cache_iswa
 from .kv_cache_msa import KVCacheMSA, create_kv_cache_msa
 from .memory_hybrid_idx import create_memory_hybrid_idx
 from .memory_recurrent import MemoryHybrid, MemoryRecurrent, create_memory_recurrent
+from .adapter import LoraAdapter, llama_adapter_lora_init
 from .model import Model, load_hparams, load_tensors
 from .model_loader import ModelLoader
 from .params import Params
@@ -80,6 +81,8 @@ class Context:
     graph_renames_persistent: bool = False   # a built graph renamed a weight or a cache tensor
     ctx_other: Optional["Context"] = None    # cparams.ctx_other: the target context a draft head reads
     warnings: list[str] = dataclasses.field(default_factory=list)   # what llama.cpp warns of this context
+    lora_adapters: list[tuple[LoraAdapter, float]] = dataclasses.field(default_factory=list)   # loaded, with scales
+    loras: list[tuple[LoraAdapter, float]] = dataclasses.field(default_factory=list)   # llama_context::loras
 
 
 def create_context(model_path: str, params: Params, header: Optional[GGUFHeader] = None,
@@ -95,6 +98,8 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     devices = plan_devices(params, hp)
     model = load_tensors(ml, hp, weight_placement(devices, params, hp), lazy_read_buft(params),
                          load_mtp=params.load_mtp)
+    # common_init_result: the adapters are loaded after the model, before the context
+    lora_adapters = [(llama_adapter_lora_init(model, path, devices.cpu.buft), scale) for path, scale in params.lora]
     if cp.mtp:
         check_mtp_context(ml, hp)
     ctx_other = check_ctx_other(ml, model, ctx_other)   # llama_context's constructor, first
@@ -107,7 +112,8 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
     # the loader's warnings, llama_context's, then common_init_from_params' where the vocabulary cannot rerank
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size, ctx_other=ctx_other,
-                   warnings=ml.warnings + context_warnings(hp, cp) + rerank_warnings(ml, vocab, cp.pooling_type))
+                   warnings=ml.warnings + context_warnings(hp, cp) + rerank_warnings(ml, vocab, cp.pooling_type),
+                   lora_adapters=lora_adapters)
 
 
 def context_warnings(hp: HParams, cp: CParams) -> list[str]:
@@ -334,7 +340,7 @@ def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
         sched.set_tensor_backend(t, devices.backend_index(devices.cpu))
 
     g = GraphContext(ctx.model, ctx.cparams, ctx.kv, ubatch, pin=pin, pin_cpu=pin_cpu,
-                     model_other=ctx.ctx_other.model if ctx.ctx_other is not None else None)
+                     model_other=ctx.ctx_other.model if ctx.ctx_other is not None else None, loras=ctx.loras)
     module = models.module(ctx.hparams.arch)
     (module.build_mtp if ctx.cparams.mtp else module.build)(g)
     g.build_pooling()
@@ -450,6 +456,44 @@ def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     return stats
 
 
+def set_adapters_lora(ctx: Context, lora_init_without_apply: bool) -> Optional[dict[str, GraphStats]]:
+    """common_init_from_params after the context: common_set_adapter_lora (unless
+    --lora-init-without-apply; not where a context pooling by rank cannot rerank: it returns after
+    those warnings) -> llama_context::set_adapters_lora, which keeps the adapters of non-zero scale and,
+    when that changes the set, sets sched_need_reserve. The next decode (llama-server's warm-up, else
+    the first request) runs sched_reserve again, which makes a new scheduler
+    (ggml_backend_sched_new: the first one's compute buffers are freed) and reserves pp, tg and pp
+    with the adapters' matmuls in the graphs. Returns those graphs' stats, None when nothing was
+    applied.
+
+    The adapters are iterated as std::unordered_map<llama_adapter_lora *, float> holds them: with
+    libstdc++ one or two adapters are in reverse order of insertion (two buckets, both pointers in
+    the first); with three or more the order depends on the adapters' heap addresses (the plan keeps
+    reverse order)."""
+    if lora_init_without_apply or ctx.warnings:
+        return None
+    ctx.loras = [(a, scale) for a, scale in reversed(ctx.lora_adapters) if scale != 0.0]
+    if not ctx.loras:   # adapters_lora_are_same: the empty set again
+        return None
+    ctx.sched = Sched(ctx.devices.backends, ctx.devices.backend_bufts, parallel=ctx.devices.pipeline_parallel,
+                      op_offload=ctx.cparams.op_offload)
+    ctx.graph_renames_persistent = False
+    return sched_reserve(ctx)
+
+
+def lora_section(ctx: Context, before: dict[str, int]) -> dict:
+    """The plan's "lora" section: each adapter's buffers per buffer type (as llama_adapter_lora_init
+    logs "LoRA buffer size"), their sum, whether they were applied, and the compute buffers of the
+    context's first reservation (without the adapters), which the re-reserve replaced."""
+    total: dict[str, int] = {}
+    for a, _ in ctx.lora_adapters:
+        for name, size in a.buffers().items():
+            total[name] = total.get(name, 0) + size
+    return {"adapters": [{"path": a.path, "scale": scale, "alpha": a.alpha, "n_tensors": 2 * len(a.ab_map),
+                          "buffers": a.buffers()} for a, scale in ctx.lora_adapters],
+            "buffers": total, "applied": bool(ctx.loras), "compute_buffers_before": before}
+
+
 def sched_reserve_no_alloc(ctx: Context) -> list[int]:
     """sched_reserve in a no_alloc context (llama-context.cpp:672-676): the per-backend compute sizes
     come from the first pp graph alone (the tg and second pp graphs are only split)."""
@@ -528,12 +572,19 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         check_mmproj_for_model(projector, model_path, params)
     ctx = create_context(model_path, params, header)
     stats = sched_reserve(ctx)
+    lora = None
+    if ctx.lora_adapters:
+        before = _buffer_sizes(ctx, [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))])
+        stats = set_adapters_lora(ctx, params.lora_init_without_apply) or stats
+        lora = lora_section(ctx, before)
     result = {"schema": SCHEMA, "source": "plan", "llama_cpp": {"commit": LLAMA_CPP_COMMIT},
               **context_sections(ctx, stats),
               "splits": {name: s.split_list for name, s in stats.items()},
               "peaks": {name: s.peaks for name, s in stats.items()}}
     if ctx.warnings:
         result["warnings"] = ctx.warnings
+    if lora is not None:
+        result["lora"] = lora
     if projector is not None:
         result["projector"] = projector.summary()
     ctx_dft = None

@@ -557,17 +557,19 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
         warnings = _override_warnings(log.text) + _CTX_WARN_RE.findall(log.text) + _rerank_warnings(llama_cpp, model, ctx)
         if warnings:
             result["warnings"] = warnings
+        # the tensors are read from the first decode after the adapters are applied (the one that
+        # reserves again): a decode before it would move the pipeline-parallel copy index on
+        replay = recorder is not None and not _unreplayable(result)
         if adapters:
-            result["lora"] = _apply_loras(llama_cpp, ggml, shim, log, model, ctx, params, adapters, result)
-            if recorder is not None:
-                recorder.reset()      # the warm-up decode is not the one the tensors are read from
+            result["lora"] = _apply_loras(llama_cpp, ggml, shim, log, model, ctx, params, adapters, result, replay)
 
         if recorder is not None:
             reason = _unreplayable(result)
             if reason:
                 result["tensors_unmeasurable"] = reason
             else:
-                _decode_reserve_ubatch(llama_cpp, ctx, result)
+                if not (adapters and result["lora"]["applied"]):
+                    _decode_reserve_ubatch(llama_cpp, ctx, result)
                 result["tensors"] = recorder.rows
                 _tensor_checks(ggml, shim, ctx, recorder, result)
                 if not result["checks"]["decode_same_node_count"]:
@@ -610,11 +612,12 @@ _LORA_RE = re.compile(r"llama_adapter_lora_init_impl:\s+(\S+) LoRA buffer size =
 
 
 def _apply_loras(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model, ctx, params: Params, adapters: list,
-                 result: dict) -> dict:
+                 result: dict, replay: bool) -> dict:
     """common_init_from_params after the context: common_set_adapter_lora (unless
     --lora-init-without-apply, or where a context pooling by rank cannot rerank: it returned after
-    the warnings), then the warm-up decode (BOS and EOS, as common_init_from_params' warm-up), which
-    reserves the graphs again with the adapters (sched_need_reserve: a new scheduler). The result's
+    the warnings), then the warm-up decode (BOS and EOS, as common_init_from_params' warm-up; with
+    replay, the reserve's pp ubatch whose tensors are read instead), which reserves the graphs again
+    with the adapters (sched_need_reserve: a new scheduler). The result's
     compute buffers and graphs become that reservation's (llama_get_memory_breakdown and the second
     sched_reserve's log lines); the adapters' buffers are read from llama_adapter_lora::bufs (the
     shim), and checked against their "LoRA buffer size" log lines."""
@@ -637,14 +640,17 @@ def _apply_loras(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model, ctx,
         scales = (ctypes.c_float * n)(*[s for *_, s in adapters])
         llama_cpp.llama_set_adapters_lora(ctx, arr, n, scales)
         start = len(log.parts)
-        vocab = llama_cpp.llama_model_get_vocab(model)
-        tokens = [t for t in (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab))
-                  if t != llama_cpp.LLAMA_TOKEN_NULL] or [0]
-        toks = (llama_cpp.llama_token * len(tokens))(*tokens)
-        rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(toks, len(tokens)))
-        if rc != 0:
-            raise RunError(f"the warm-up decode with the LoRA adapters returned {rc}")
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        if replay:
+            _decode_reserve_ubatch(llama_cpp, ctx, result)
+        else:
+            vocab = llama_cpp.llama_model_get_vocab(model)
+            tokens = [t for t in (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab))
+                      if t != llama_cpp.LLAMA_TOKEN_NULL] or [0]
+            toks = (llama_cpp.llama_token * len(tokens))(*tokens)
+            rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(toks, len(tokens)))
+            if rc != 0:
+                raise RunError(f"the warm-up decode with the LoRA adapters returned {rc}")
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
         parsed = parse_log("".join(log.parts[start:]))
         if "graphs" not in parsed:
             raise RunError("no second sched_reserve in llama.cpp's log after applying the LoRA adapters")
@@ -910,10 +916,6 @@ class TensorRecorder:
             return True
 
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(cb)
-
-    def reset(self) -> None:
-        """Forget what earlier decodes showed."""
-        self.rows, self.seen, self.row_buffer, self.n_nodes, self.buffers, self.error = [], {}, [], 0, {}, None
 
     def _buffer(self, buf: int) -> tuple[str, str, int, int]:
         info = self.buffers.get(buf)

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Optional
 import click
 
 from .llama_server_options import OPTIONS, PRESET_ONLY
-from .options import INT32_MAX, INT32_MIN, LLM_FFN_DENSE_REGEX, LLM_FFN_EXPS_REGEX, _fit_targets, _parse_tensor_split
+from .options import (INT32_MAX, INT32_MIN, LLM_FFN_DENSE_REGEX, LLM_FFN_EXPS_REGEX, _fit_targets, _parse_tensor_split,
+                      lora_adapters)
 from ..planner.devices import BadDevices
 from ..planner.hparams import LLAMA_MAX_LAYERS, LLAMA_POOLING_TYPES
 from ..planner.params import KV_TYPES, BadKvOverride, KvOverride, Params, parse_kv_overrides
@@ -72,7 +73,8 @@ PLANNED = {"-c", "--kv-unified-per-slot", "-b", "-ub", "--swa-full", "-kvu", "-f
            "--spec-draft-hf", "--spec-draft-ngl", "--spec-draft-type-k", "--spec-draft-type-v",
            "--spec-draft-override-tensor", "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe", "--spec-draft-n-max",
            "--spec-ngram-mod-n-max", "--spec-ngram-simple-size-m", "--spec-ngram-map-k-size-m",
-           "--spec-ngram-map-k4v-size-m", "--spec-default", "--embedding", "--rerank", "--pooling", "--override-kv"}
+           "--spec-ngram-map-k4v-size-m", "--spec-default", "--embedding", "--rerank", "--pooling", "--override-kv",
+           "--lora", "--lora-scaled", "--lora-init-without-apply"}
 # the n-gram types' draft lengths (common_speculative_n_max reads them): the option and its bounds
 NGRAM_N_MAX_OPTIONS = {"--spec-ngram-mod-n-max": ("ngram-mod", 0, "ngram n-max"),
                        "--spec-ngram-simple-size-m": ("ngram-simple", 1, "ngram size M"),
@@ -84,8 +86,6 @@ REFUSED = {
     "-h": "prints the usage and exits", "--version": "prints its version and exits",
     "-cl": "lists the cached models and exits", "--completion-bash": "prints a completion script and exits",
     "--list-devices": "lists the devices and exits (see `schedplan devices`)",
-    "--lora": "loads LoRA adapters, which schedplan does not plan yet",
-    "--lora-scaled": "loads LoRA adapters, which schedplan does not plan yet",
     "--control-vector": "loads control vectors, which schedplan does not plan yet",
     "--control-vector-scaled": "loads control vectors, which schedplan does not plan yet",
     "--control-vector-layer-range": "applies control vectors, which schedplan does not plan yet",
@@ -381,6 +381,8 @@ class ServerParams:
     pooling_type: str = "unspecified"     # --pooling, --rerank (rank)
     ngram_n_max: dict[str, int] = field(default_factory=dict)   # the n-gram lengths the command set
     kv_overrides: list[KvOverride] = field(default_factory=list)   # --override-kv, appended in order
+    lora: list[tuple[str, float]] = field(default_factory=list)   # --lora, --lora-scaled, in order
+    lora_init_without_apply: bool = False
     given: set[str] = field(default_factory=set)     # the planned options set by any source
 
 
@@ -578,6 +580,13 @@ def apply(p: ServerParams, e: Event) -> None:
             p.kv_overrides += parse_kv_overrides(v)
         except BadKvOverride as ex:
             raise ServerArgsError(f"{src} {v!r}: {ex} (llama-server refuses it: \"Invalid type for KV override\")") from None
+    elif key in ("--lora", "--lora-scaled"):
+        try:
+            p.lora += lora_adapters([("lora_scaled" if key == "--lora-scaled" else "lora", v)])
+        except ValueError as ex:
+            raise ServerArgsError(f"{src}: {ex}") from None
+    elif key == "--lora-init-without-apply":
+        p.lora_init_without_apply = True
     elif key == "--spec-default":
         # ngram-mod with its n_max 64 (and an n_min and n_match that decide no memory)
         p.spec_types.append("ngram-mod")
@@ -668,7 +677,8 @@ def to_params(p: ServerParams, devices: tuple[str, ...]) -> Params:
                   no_host=p.no_host, use_extra_bufts=not p.no_extra_bufts,
                   tensor_overrides=tuple(p.tensor_overrides), rpc=tuple(p.rpc), devices=devices,
                   use_mmap=p.use_mmap, embeddings=p.embedding, pooling_type=p.pooling_type,
-                  kv_overrides=tuple(p.kv_overrides))
+                  kv_overrides=tuple(p.kv_overrides), lora=tuple(p.lora),
+                  lora_init_without_apply=p.lora_init_without_apply)
 
 
 def fitted_command(command: list[str], fitted: str, given: frozenset) -> list[str]:

@@ -212,23 +212,81 @@ def _rpc_endpoints(ctx: click.Context, param: click.Parameter, values: tuple[str
 POOLING_ORDER = "schedplan.pooling_order"
 
 
+LORA_ORDER = "schedplan.lora_order"
+
+
 class _InOrder(click.Option):
-    """--pooling and --rerank: common/arg.cpp runs each flag's handler in command-line order, so the
-    later one's pooling wins; click keeps one value per option, so every occurrence is noted as the
-    parser meets it, in ctx.meta[POOLING_ORDER] as (option name, value)."""
+    """--pooling and --rerank (--lora and --lora-scaled): common/arg.cpp runs each flag's handler in
+    command-line order, so the later one's pooling wins (the adapters are listed in that order); click
+    keeps one value per option, so every occurrence is noted as the parser meets it, in
+    ctx.meta[order_key] as (option name, value)."""
+
+    def __init__(self, *args, order_key: str = POOLING_ORDER, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.order_key = order_key
 
     def add_to_parser(self, parser, ctx: click.Context) -> None:
         super().add_to_parser(parser, ctx)
         for opt in self.opts:
             option = parser._long_opt.get(opt) or parser._short_opt.get(opt)
-            option.process = _noting(option.process, ctx, self.name)
+            option.process = _noting(option.process, ctx, self.name, self.order_key)
 
 
-def _noting(process: Callable, ctx: click.Context, name: str) -> Callable:
+def _noting(process: Callable, ctx: click.Context, name: str, order_key: str) -> Callable:
     def noted(value, state) -> None:
         process(value, state)
-        ctx.meta.setdefault(POOLING_ORDER, []).append((name, value))
+        ctx.meta.setdefault(order_key, []).append((name, value))
     return noted
+
+
+def parse_csv_row(value: str) -> list[str]:
+    """common/arg.cpp parse_csv_row: comma-separated fields, a field may be quoted ("" is a quote)."""
+    fields, cur, in_quotes, i = [], "", False, 0
+    while i < len(value):
+        ch = value[i]
+        if ch == '"':
+            if not in_quotes:
+                if cur:
+                    cur += '"'      # a quote in the middle of an unquoted field is literal
+                else:
+                    in_quotes = True
+            elif i + 1 < len(value) and value[i + 1] == '"':
+                cur += '"'
+                i += 1
+            else:
+                in_quotes = False
+        elif ch == "," and not in_quotes:
+            fields.append(cur)
+            cur = ""
+        else:
+            cur += ch
+        i += 1
+    fields.append(cur)
+    return fields
+
+
+_STOF_PREFIX = re.compile(r"[ \t\n\v\f\r]*[+-]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", re.I)
+
+
+def lora_adapters(order: list[tuple[str, str]], what: str = "lora") -> tuple[tuple[str, float], ...]:
+    """The adapters of --lora FNAME[,...] (scale 1) and --lora-scaled FNAME:SCALE[,...] in command-line
+    order, as their handlers push them (common/arg.cpp: string_split on ':', std::stof of the scale).
+    order: (option name, value), the scaled option's name ending in "_scaled". ValueError: a value
+    the handler refuses."""
+    out = []
+    for name, value in order:
+        for item in parse_csv_row(value):
+            if not name.endswith("_scaled"):
+                out.append((item, 1.0))
+                continue
+            parts = item.split(":")
+            if len(parts) != 2:
+                raise ValueError(f"{item!r}: {what}-scaled format: FNAME:SCALE")
+            m = _STOF_PREFIX.match(parts[1])
+            if not m:
+                raise ValueError(f"{item!r}: the scale is not a number (std::stof throws invalid_argument)")
+            out.append((parts[0], float(m.group(0))))
+    return tuple(out)
 
 
 def plan_options(func: Callable) -> Callable:
@@ -298,6 +356,13 @@ def plan_options(func: Callable) -> Callable:
         click.option("--no-header-cache", "no_header_cache", is_flag=True,
                      help="For a MODEL given as an http(s) URL: fetch its header again instead of using the copy "
                      "cached under ~/.cache/schedplan/headers (keyed by URL and ETag or size)."),
+        click.option("--lora", "lora", cls=_InOrder, order_key=LORA_ORDER, multiple=True, metavar="FNAME[,...]",
+                     help="LoRA adapters (scale 1), loaded and applied as llama-server does: their buffers, and the "
+                     "compute buffers the graphs with their matmuls reserve."),
+        click.option("--lora-scaled", "lora_scaled", cls=_InOrder, order_key=LORA_ORDER, multiple=True,
+                     metavar="FNAME:SCALE[,...]", help="LoRA adapters with their scales (a scale of 0 is not applied)."),
+        click.option("--lora-init-without-apply", "lora_init_without_apply", is_flag=True,
+                     help="Load the LoRA adapters without applying them (the compute buffers stay the plain graphs')."),
         click.option("--device", "devices", multiple=True, metavar="KIND:MEMORY[:KEY=VALUE...]",
                      callback=_check_devices,
                      help=DEVICE_SPEC_HELP + " total=SIZE: the device's total memory (default MEMORY). Without "
@@ -310,6 +375,11 @@ def plan_options(func: Callable) -> Callable:
         for name in ("override_tensor", "cpu_moe", "n_cpu_moe", "n_cpu_ffn"):   # gathered by their callbacks
             kwargs.pop(name)
         kwargs.pop("pooling_type")      # gathered in order (_InOrder)
+        kwargs.pop("lora"), kwargs.pop("lora_scaled")
+        try:
+            lora = lora_adapters(click.get_current_context().meta.get(LORA_ORDER, []))
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--lora-scaled'") from None
         embeddings, pooling_type = _embeddings(kwargs.pop("embeddings"), kwargs.pop("rerank"),
                                                click.get_current_context().meta.get(POOLING_ORDER, []))
         n_batch, n_ubatch = kwargs.pop("n_batch"), kwargs.pop("n_ubatch")
@@ -328,6 +398,7 @@ def plan_options(func: Callable) -> Callable:
             rpc_memory=_rpc_memory_list(kwargs.pop("rpc"), kwargs.pop("rpc_memory")),
             devices=kwargs.pop("devices"), header_cache=not kwargs.pop("no_header_cache"),
             kv_overrides=kwargs.pop("kv_overrides"),
+            lora=lora, lora_init_without_apply=kwargs.pop("lora_init_without_apply"),
         )
         return func(*args, **kwargs)
 

@@ -157,7 +157,8 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
 def render(result: dict) -> str:
     """The human-readable report of a reserve result (plan or real run: same schema)."""
     out = [_params_line(result), *(f"llama.cpp warns: {w}" for w in result.get("warnings", [])), "",
-           buffers_table(result), "", graphs_table(result)]
+           buffers_table(result), *(["", *lora_lines(result["lora"])] if "lora" in result else []), "",
+           graphs_table(result)]
     if "projector" in result:
         out += ["", projector_section(result["projector"])]
     if "device_memory" in result:
@@ -206,7 +207,7 @@ def device_memory_table(rows: list[dict]) -> str:
         spare = d["projected_free"] - d["target"]
         verdict = f"fits, {mib(spare)} MiB to spare" if spare >= 0 else f"short by {mib(-spare)} MiB"
         table.append([d["device"], mib(d["free"]), mib(d["model"] + d["context"] + d["compute"] + d.get("projector", 0)
-                                                            + d.get("draft", 0)),
+                                                            + d.get("draft", 0) + d.get("lora", 0)),
                       mib(d["projected_free"]), mib(d["target"]), verdict])
     return tabulate(table, headers=["device", "free MiB", "used MiB", "left MiB", "target MiB", "verdict"],
                     disable_numparse=True, stralign="right")
@@ -224,15 +225,36 @@ def _params_line(result: dict) -> str:
 def buffers_table(result: dict) -> str:
     kinds = [("model", "model_buffers"), ("KV", "kv_buffers"), ("output", "output_buffers"),
              ("compute", "compute_buffers")]
-    bufts = sorted({b for _, key in kinds for b in result.get(key, {})})
+    sections = {key: result.get(key, {}) for _, key in kinds}
+    if "lora" in result:     # the LoRA adapters' buffers, beside the model's
+        kinds.insert(1, ("LoRA", "lora"))
+        sections["lora"] = result["lora"]["buffers"]
+    bufts = sorted({b for _, key in kinds for b in sections[key]})
     rows = []
     for buft in bufts:
-        sizes = [result.get(key, {}).get(buft, 0) for _, key in kinds]
+        sizes = [sections[key].get(buft, 0) for _, key in kinds]
         rows.append([buft, *(mib(s) for s in sizes), mib(sum(sizes)), f"{sum(sizes):,}"])
-    totals = [sum(result.get(key, {}).values()) for _, key in kinds]
+    totals = [sum(sections[key].values()) for _, key in kinds]
     rows.append(["total", *(mib(s) for s in totals), mib(sum(totals)), f"{sum(totals):,}"])
     headers = ["buffer type", *(f"{k} MiB" for k, _ in kinds), "total MiB", "total bytes"]
-    return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left",) + ("right",) * 6)
+    return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left",) + ("right",) * (len(kinds) + 2))
+
+
+def lora_lines(lora: dict) -> list[str]:
+    """Each LoRA adapter (its tensors and buffers), and whether the compute buffers are those of
+    the graphs with its matmuls."""
+    out = []
+    for a in lora["adapters"]:
+        bufs = ", ".join(f"{buft} {mib(size)} MiB ({size:,} bytes)" for buft, size in a["buffers"].items())
+        out.append(f"LoRA adapter {a['path']}: scale {a['scale']:g}, alpha {a['alpha']:g}, {a['n_tensors']} tensors; "
+                   f"{bufs or 'no buffer'}")
+    before = ", ".join(f"{buft} {mib(size)} MiB" for buft, size in lora["compute_buffers_before"].items())
+    if lora["applied"]:
+        out.append(f"compute buffers: reserved again with the adapters applied (at the warm-up decode, a new "
+                   f"scheduler); before, {before}")
+    else:
+        out.append("compute buffers: the adapters are loaded, not applied (the graphs have no LoRA matmuls)")
+    return out
 
 
 def graphs_table(result: dict) -> str:

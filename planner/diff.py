@@ -40,8 +40,11 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
     if isinstance(value, dict):
         for key, v in value.items():
             _flatten(v, f"{prefix}.{key}" if prefix else str(key), out)
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        for i, v in enumerate(value):     # lora.adapters: field by field, by position
+            _flatten(v, f"{prefix}.{i}", out)
     else:
-        out[prefix] = value      # lists (params.devices, ...) are compared whole
+        out[prefix] = value      # other lists (params.devices, ...) are compared whole
 
 
 def flat_fields(result: dict) -> dict[str, Any]:

@@ -634,8 +634,9 @@ def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector:
                           ctx_dft: Optional[Context] = None) -> list[dict]:
     """Per device of known memory, what this plan uses there (model, context, compute: what --fit
     counts; a projector's weights and warm-up buffers on that device, its gen-audio weights
-    included; a draft model's weights, context and compute buffers, which llama-server allocates after
-    fitting) against its free memory and the margin --fit keeps (-fitt, default 1024 MiB)."""
+    included; a draft model's weights, context and compute buffers, and the LoRA adapters' buffers,
+    which llama-server allocates after fitting) against its free memory and the margin --fit keeps
+    (-fitt, default 1024 MiB)."""
     from .fit import device_memory, fit_targets
 
     def usage_of(c: Context) -> dict[str, int]:
@@ -648,13 +649,18 @@ def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector:
     targets = fit_targets(margins)
     usage = projector.allocated() if projector is not None else {}
     draft = usage_of(ctx_dft) if ctx_dft is not None else {}
+    lora: dict[str, int] = {}     # the LoRA adapters' buffers on the devices (loaded after fitting)
+    for a, _ in ctx.lora_adapters:
+        for buf in a.bufs:
+            if not buf.buft.is_host:
+                lora[buf.buft.device] = lora.get(buf.buft.device, 0) + buf.size
     out = []
     for i, b in enumerate(ctx.devices.model_devices()):
         d = dmds[i]
-        used = d.used() + usage.get(b.device_name, 0) + draft.get(b.device_name, 0)
+        used = d.used() + usage.get(b.device_name, 0) + draft.get(b.device_name, 0) + lora.get(b.device_name, 0)
         out.append({"device": b.device_name, "free": d.free, "total": d.total, "model": d.model,
                     "context": d.context, "compute": d.compute, "projector": usage.get(b.device_name, 0),
-                    "draft": draft.get(b.device_name, 0),
+                    "draft": draft.get(b.device_name, 0), "lora": lora.get(b.device_name, 0),
                     "projected_free": d.free - used, "target": targets[i], "fits": d.free - used >= targets[i]})
     return out
 

@@ -194,6 +194,7 @@ class GraphContext:
     decode_inputs: list[tuple[Tensor, str]] = field(default_factory=list)
     # llama_context::loras (llama_adapter_loras): the applied LoRA adapters and their scales
     loras: list[tuple[LoraAdapter, float]] = field(default_factory=list)
+    lora_built: set[str] = field(default_factory=set)   # the weights whose adapters' branches were built
 
     @property
     def hparams(self):
@@ -214,6 +215,16 @@ class GraphContext:
                 raise ggml.GGMLAbort(f"llama.cpp would abort at the first decode (ggml-backend.cpp GGML_ASSERT(buffer) "
                                      f"in {set_input}): its input {t.name or 'tensor'} is in no graph, so no buffer "
                                      f"holds it")
+
+    def check_loras(self) -> None:
+        """Every adapted weight the graph reads got its adapters' branch: a weight the planner's graph
+        multiplies without build_lora_mm (where llama.cpp may use it) is not planned with adapters."""
+        adapted = {name for adapter, _ in self.loras for name in adapter.ab_map}
+        read = {s.name for t in self.gf.nodes for s in t.src if s is not None and s.buffer is not None}
+        missing = sorted((adapted & read) - self.lora_built)
+        if missing:
+            raise NotImplementedError(f"a LoRA adapter of {missing[0]}: the {self.hparams.arch} graph reads that "
+                                      f"weight where schedplan builds no adapter branch (build_lora_mm) for it")
 
     def cb(self, cur: Tensor, name: str, il: int) -> None:
         if cur.buffer is not None:   # plamo2 names its conv and SSM state tensors
@@ -241,6 +252,7 @@ class GraphContext:
             lw = adapter.get_weight(tok_embd)
             if lw is None:
                 continue
+            self.lora_built.add(tok_embd.name)
             scale = lw.get_scale(adapter.alpha, adapter_scale)
             # non-transposed lora_b
             delta = ggml.scale(ggml.mul_mat(lw.b, ggml.get_rows(lw.a, tokens)), scale)
@@ -551,6 +563,7 @@ class GraphContext:
             lw = adapter.get_weight(w)
             if lw is None:
                 continue
+            self.lora_built.add(w.name)
             scale = lw.get_scale(adapter.alpha, adapter_scale)
             ab_cur = ggml.mul_mat(lw.b, ggml.mul_mat(lw.a, cur))
             ab_cur = ggml.scale(ab_cur, scale)
@@ -569,6 +582,7 @@ class GraphContext:
             lw = adapter.get_weight(w)
             if lw is None:
                 continue
+            self.lora_built.add(w.name)
             scale = lw.get_scale(adapter.alpha, adapter_scale)
             ab_cur = ggml.mul_mat_id(lw.b, ggml.mul_mat_id(lw.a, cur, ids), ids)
             ab_cur = ggml.scale(ab_cur, scale)
@@ -802,7 +816,7 @@ class GraphContext:
             cur = ggml.mul(ggml.repeat_4d(cur, n_embd, n_expert_used, n_tokens, 1), weights)
             self.cb(cur, "ffn_moe_weighted", il)
         if gate_up_exps is not None:
-            gate_up = ggml.mul_mat_id(gate_up_exps, cur, selected)
+            gate_up = self.build_lora_mm_id(gate_up_exps, cur, selected)
             self.cb(gate_up, "ffn_moe_gate_up", il)
             n_ff = gate_up.ne[0] // 2
             cur = ggml.view(gate_up, (n_ff, gate_up.ne[1], gate_up.ne[2]), (gate_up.nb[1], gate_up.nb[2]), 0)
@@ -811,13 +825,13 @@ class GraphContext:
                            n_ff * gate_up.nb[0])
             self.cb(up, "ffn_moe_up", il)
         else:
-            up = ggml.mul_mat_id(up_exps, cur, selected)
+            up = self.build_lora_mm_id(up_exps, cur, selected)
             self.cb(up, "ffn_moe_up", il)
             if up_exps_b is not None:
                 up = ggml.add_id(up, up_exps_b, selected)
                 self.cb(up, "ffn_moe_up_biased", il)
             if gate_exps is not None:
-                cur = ggml.mul_mat_id(gate_exps, cur, selected)
+                cur = self.build_lora_mm_id(gate_exps, cur, selected)
                 self.cb(cur, "ffn_moe_gate", il)
             else:
                 cur = up

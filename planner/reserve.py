@@ -346,6 +346,8 @@ def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
     g.build_pooling()
     g.build_dense_out()
     g.set_outputs()
+    if ctx.loras:
+        g.check_loras()
     ctx.graph_renames_persistent |= g.renamed_persistent
     return g
 

@@ -10,7 +10,7 @@ import functools
 
 import pytest
 
-from fixtures.golden import canonical_endpoint, lavapipe_flags, load_goldens
+from fixtures.golden import canonical_endpoint, lavapipe_flags, load_goldens, lora_flags
 from fixtures.make_gguf import header_path
 from schedplan.cli.options import parse_params
 from schedplan.planner.reserve import reserve
@@ -43,8 +43,9 @@ def _plan_case(case_id: str) -> dict:
 
 
 def _flags(case: dict) -> list[str]:
-    """The case's flags with its RPC servers and lavapipe devices, as recorded."""
-    return (list(case["flags"]) + [x for i in range(case["n_rpc"]) for x in ("--rpc", canonical_endpoint(i))]
+    """The case's flags with its LoRA adapters, RPC servers and lavapipe devices, as recorded."""
+    return (list(case["flags"]) + lora_flags(case["model"], tuple(tuple(x) for x in case.get("lora", ())))
+            + [x for i in range(case["n_rpc"]) for x in ("--rpc", canonical_endpoint(i))]
             + lavapipe_flags(case.get("n_vulkan", 0)))
 
 
@@ -74,6 +75,20 @@ def test_effective_params_equal_llama_cpp(golden):
     for ctx, plan, real in _contexts(golden):
         for key in ("n_ctx", "n_ctx_seq", "n_batch", "n_ubatch", "flash_attn", "sched_copies"):
             assert plan["params"][key] == real["params"][key], f"{ctx}: {key}"
+
+
+LORA_GOLDENS = [g for g in GOLDENS if g["case"].get("lora")]
+
+
+@pytest.mark.parametrize("golden", LORA_GOLDENS, ids=[g["case"]["id"] for g in LORA_GOLDENS])
+def test_lora_equals_llama_cpp(golden):
+    """The LoRA adapters' buffers (per adapter and buffer type, read from llama_adapter_lora::bufs),
+    whether they were applied, and the first reservation's compute buffers the re-reserve replaced."""
+    plan, real = _plan(golden)["lora"], golden["result"]["lora"]
+    assert [{k: v for k, v in a.items() if k != "path"} for a in plan["adapters"]] == \
+        [{k: v for k, v in a.items() if k != "path"} for a in real["adapters"]]
+    for key in ("buffers", "applied", "compute_buffers_before"):
+        assert plan[key] == real[key], key
 
 
 def test_goldens_exist():

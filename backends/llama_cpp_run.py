@@ -57,6 +57,7 @@ LLAMA_LOAD_MODE_NONE = 0          # include/llama.h llama_load_mode
 # ggml-backend.h enum ggml_backend_buffer_usage
 BUFFER_USAGES = {0: "any", 1: "weights", 2: "compute"}
 GGML_BACKEND_DEVICE_TYPE_CPU = 0
+GGML_OP_ADD = 2                   # enum ggml_op (ggml.h): NONE, DUP, ADD
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,6 +412,7 @@ def params_from_dict(d: dict) -> Params:
     d["rpc_memory"] = tuple(tuple(x) if x else None for x in d.get("rpc_memory") or ())
     d["kv_overrides"] = tuple(KvOverride(**x) for x in d.get("kv_overrides") or ())
     d["lora"] = tuple((path, scale) for path, scale in d.get("lora") or ())
+    d["control_vectors"] = tuple((path, scale) for path, scale in d.get("control_vectors") or ())
     return Params(**d)
 
 
@@ -545,8 +547,10 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
         cp = _context_params(llama_cpp, params)
 
         recorder = TensorRecorder(ggml) if tensors else None
-        if recorder is not None:
-            cp.cb_eval = recorder.callback
+        # the control vectors' buffers: seen from the graph (llama_adapter_cvec keeps them to itself)
+        probe = CvecProbe(ggml, recorder) if params.control_vectors else None
+        if recorder is not None or probe is not None:
+            cp.cb_eval = probe.callback if probe is not None else recorder.callback
             cp.cb_eval_user_data = None
 
         ctx = llama_cpp.llama_init_from_model(model, cp)
@@ -560,15 +564,17 @@ def _run_here(model_path: str, params: Params, tensors: bool, keep_log: bool, lo
         # the tensors are read from the first decode after the adapters are applied (the one that
         # reserves again): a decode before it would move the pipeline-parallel copy index on
         replay = recorder is not None and not _unreplayable(result)
-        if adapters:
-            result["lora"] = _apply_loras(llama_cpp, ggml, shim, log, model, ctx, params, adapters, result, replay)
+        reserved_again = False
+        if adapters or params.control_vectors:
+            reserved_again = _apply_adapters(llama_cpp, ggml, shim, log, model, ctx, params, adapters, probe,
+                                             result, replay)
 
         if recorder is not None:
             reason = _unreplayable(result)
             if reason:
                 result["tensors_unmeasurable"] = reason
             else:
-                if not (adapters and result["lora"]["applied"]):
+                if not reserved_again:
                     _decode_reserve_ubatch(llama_cpp, ctx, result)
                 result["tensors"] = recorder.rows
                 _tensor_checks(ggml, shim, ctx, recorder, result)
@@ -611,61 +617,164 @@ def _load_loras(llama_cpp, log: LogCapture, model, params: Params) -> list:
 _LORA_RE = re.compile(r"llama_adapter_lora_init_impl:\s+(\S+) LoRA buffer size =\s+([\d.]+) MiB")
 
 
-def _apply_loras(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model, ctx, params: Params, adapters: list,
-                 result: dict, replay: bool) -> dict:
-    """common_init_from_params after the context: common_set_adapter_lora (unless
-    --lora-init-without-apply, or where a context pooling by rank cannot rerank: it returned after
-    the warnings), then the warm-up decode (BOS and EOS, as common_init_from_params' warm-up; with
-    replay, the reserve's pp ubatch whose tensors are read instead), which reserves the graphs again
-    with the adapters (sched_need_reserve: a new scheduler). The result's
+def _apply_adapters(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model, ctx, params: Params, adapters: list,
+                    probe: Optional["CvecProbe"], result: dict, replay: bool) -> bool:
+    """common_init_from_params after the context: the control vectors (common_control_vector_load,
+    llama_set_adapter_cvec; where they cannot be applied it returns early: no LoRA applied, no
+    warm-up), then common_set_adapter_lora (unless --lora-init-without-apply, or where a context
+    pooling by rank cannot rerank: it returned after the warnings), then the warm-up decode (BOS and
+    EOS, as common_init_from_params' warm-up; with replay, the reserve's pp ubatch whose tensors are
+    read instead), which reserves the graphs again (sched_need_reserve: a new scheduler). The result's
     compute buffers and graphs become that reservation's (llama_get_memory_breakdown and the second
     sched_reserve's log lines); the adapters' buffers are read from llama_adapter_lora::bufs (the
-    shim), and checked against their "LoRA buffer size" log lines."""
-    out_adapters, total = [], {}
-    for adapter, path, scale in adapters:
-        bufs, n_pairs, alpha = shim.lora_buffers(adapter)
-        sizes: dict[str, int] = {}
-        for buf in bufs:
-            name = ggml.buffer_name(buf).decode()
-            sizes[name] = sizes.get(name, 0) + ggml.buffer_get_size(buf)
-            total[name] = total.get(name, 0) + ggml.buffer_get_size(buf)
-        out_adapters.append({"path": path, "scale": scale, "alpha": alpha, "n_tensors": 2 * n_pairs,
-                             "buffers": sizes})
-    result["checks"]["lora_log_agrees"] = _log_agrees(_LORA_RE.findall(log.text), total)
+    shim) and checked against their "LoRA buffer size" log lines; the control vectors' from the
+    tensors the graph adds to each layer's output (CvecProbe). Returns whether a decode ran.
+    Sections "lora" and "control_vector" of the result."""
     before = dict(result["compute_buffers"])
-    applied = not params.lora_init_without_apply and "warnings" not in result and any(s != 0.0 for *_, s in adapters)
-    if applied:
+    if adapters:
+        out_adapters, total = [], {}
+        for adapter, path, scale in adapters:
+            bufs, n_pairs, alpha = shim.lora_buffers(adapter)
+            sizes: dict[str, int] = {}
+            for buf in bufs:
+                name = ggml.buffer_name(buf).decode()
+                sizes[name] = sizes.get(name, 0) + ggml.buffer_get_size(buf)
+                total[name] = total.get(name, 0) + ggml.buffer_get_size(buf)
+            out_adapters.append({"path": path, "scale": scale, "alpha": alpha, "n_tensors": 2 * n_pairs,
+                                 "buffers": sizes})
+        result["checks"]["lora_log_agrees"] = _log_agrees(_LORA_RE.findall(log.text), total)
+        result["lora"] = {"adapters": out_adapters, "buffers": total, "applied": False,
+                          "compute_buffers_before": before}
+    cvec_applied = False
+    if params.control_vectors:
+        n_layer = llama_cpp.llama_model_n_layer(model)
+        start = params.control_vector_layer_start if params.control_vector_layer_start > 0 else 1
+        end = params.control_vector_layer_end if params.control_vector_layer_end > 0 else n_layer
+        loaded = _control_vector_load(params.control_vectors)
+        if loaded is not None:
+            n_embd, data = loaded
+            arr = (ctypes.c_float * len(data))(*data)
+            cvec_applied = llama_cpp.llama_set_adapter_cvec(ctx, arr, len(data), n_embd, start, end) == 0
+        result["control_vector"] = {"files": [{"path": p, "scale": sc} for p, sc in params.control_vectors],
+                                    "applied": cvec_applied, "layer_range": [start, end] if cvec_applied else None,
+                                    "buffers": {}, "compute_buffers_before": before}
+        if not cvec_applied:
+            return False     # common_init_from_params returns: no LoRA applied, no warm-up
+    lora_applied = (bool(adapters) and not params.lora_init_without_apply and "warnings" not in result
+                    and any(s != 0.0 for *_, s in adapters))
+    if lora_applied:
         n = len(adapters)
         arr = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*[a for a, _, _ in adapters])
         scales = (ctypes.c_float * n)(*[s for *_, s in adapters])
         llama_cpp.llama_set_adapters_lora(ctx, arr, n, scales)
-        start = len(log.parts)
-        if replay:
-            _decode_reserve_ubatch(llama_cpp, ctx, result)
-        else:
-            vocab = llama_cpp.llama_model_get_vocab(model)
-            tokens = [t for t in (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab))
-                      if t != llama_cpp.LLAMA_TOKEN_NULL] or [0]
-            toks = (llama_cpp.llama_token * len(tokens))(*tokens)
-            rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(toks, len(tokens)))
-            if rc != 0:
-                raise RunError(f"the warm-up decode with the LoRA adapters returned {rc}")
-            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-        parsed = parse_log("".join(log.parts[start:]))
-        if "graphs" not in parsed:
-            raise RunError("no second sched_reserve in llama.cpp's log after applying the LoRA adapters")
-        compute: dict[str, int] = {}
-        for buft, _, _, k in shim.breakdown(ctx):
-            if k > 1:
-                name = ggml.buft_name(buft).decode()
-                compute[name] = compute.get(name, 0) + k
-        result["compute_buffers"] = {k: compute[k] for k in result["compute_buffers"] if k in compute}
-        result["compute_buffers"].update({k: v for k, v in compute.items() if k not in result["compute_buffers"]})
-        for name in ("pp", "tg"):
-            result["graphs"][name]["nodes"] = parsed["graphs"][name]["nodes"]
-            result["graphs"][name]["splits"] = parsed["graphs"][name]["splits"]
-        result["checks"]["compute_log_agrees"] = _log_agrees(parsed["compute"], compute)
-    return {"adapters": out_adapters, "buffers": total, "applied": applied, "compute_buffers_before": before}
+        result["lora"]["applied"] = True
+    if not (lora_applied or cvec_applied):
+        return False
+    start_log = len(log.parts)
+    if replay:
+        _decode_reserve_ubatch(llama_cpp, ctx, result)
+    else:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        tokens = [t for t in (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab))
+                  if t != llama_cpp.LLAMA_TOKEN_NULL] or [0]
+        toks = (llama_cpp.llama_token * len(tokens))(*tokens)
+        rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(toks, len(tokens)))
+        if rc != 0:
+            raise RunError(f"the warm-up decode with the adapters returned {rc}")
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    parsed = parse_log("".join(log.parts[start_log:]))
+    if "graphs" not in parsed:
+        raise RunError("no second sched_reserve in llama.cpp's log after applying the adapters")
+    compute: dict[str, int] = {}
+    for buft, _, _, k in shim.breakdown(ctx):
+        if k > 1:
+            name = ggml.buft_name(buft).decode()
+            compute[name] = compute.get(name, 0) + k
+    result["compute_buffers"] = {k: compute[k] for k in result["compute_buffers"] if k in compute}
+    result["compute_buffers"].update({k: v for k, v in compute.items() if k not in result["compute_buffers"]})
+    for name in ("pp", "tg"):
+        result["graphs"][name]["nodes"] = parsed["graphs"][name]["nodes"]
+        result["graphs"][name]["splits"] = parsed["graphs"][name]["splits"]
+    result["checks"]["compute_log_agrees"] = _log_agrees(parsed["compute"], compute)
+    if cvec_applied:
+        if start <= 1 and end >= n_layer - 1:
+            result["control_vector"]["buffers"] = probe.sizes()
+        else:    # the graphs add only the range's tensors: the others' buffers are not seen
+            del result["control_vector"]["buffers"]
+    return True
+
+
+def _control_vector_load(infos: tuple[tuple[str, float], ...]) -> Optional[tuple[int, list[float]]]:
+    """common/common.cpp common_control_vector_load, with gguf-py: each file's direction.N tensors
+    scaled and summed per layer (layer N at [n_embd * (N - 1)]), the files summed; None where
+    llama.cpp finds them invalid (the plan's planner/adapter.py says why)."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    n_embd, data = -1, np.zeros(0, dtype=np.float32)
+    for path, strength in infos:
+        try:
+            reader = GGUFReader(path)
+        except (OSError, ValueError):
+            return None
+        cur_embd, cur = -1, np.zeros(0, dtype=np.float32)
+        for t in reader.tensors:
+            head, dot, rest = t.name.partition(".")
+            m = re.match(r"[ \t\n\v\f\r]*[+-]?[0-9]+", rest) if dot and head == "direction" else None
+            layer_idx = int(m.group(0)) if m else -1
+            values = np.asarray(t.data, dtype=np.float32).reshape(-1)
+            if layer_idx <= 0 or t.tensor_type != 0 or any(d != 1 for d in list(t.shape)[1:]) \
+                    or (cur_embd != -1 and values.size != cur_embd):
+                return None
+            cur_embd = values.size
+            if cur.size < cur_embd * layer_idx:
+                cur = np.concatenate([cur, np.zeros(cur_embd * layer_idx - cur.size, dtype=np.float32)])
+            cur[cur_embd * (layer_idx - 1):cur_embd * layer_idx] += values * strength
+        if cur_embd == -1 or (n_embd != -1 and cur_embd != n_embd):
+            return None
+        n_embd = cur_embd
+        if data.size < cur.size:
+            data = np.concatenate([data, np.zeros(cur.size - data.size, dtype=np.float32)])
+        data[:cur.size] += cur
+    return n_embd, data.tolist()
+
+
+class CvecProbe:
+    """cb_eval: when the scheduler asks about a layer's output (an ADD named l_out-N whose second
+    source is an unnamed leaf with a buffer: llama_adapter_cvec's tensor for that layer), notes
+    that tensor's buffer; the recorder, when there is one, sees every call too."""
+
+    def __init__(self, ggml: Ggml, recorder: Optional["TensorRecorder"]) -> None:
+        import llama_cpp
+        self.ggml = ggml
+        self.bufs: dict[int, tuple[str, int]] = {}
+        inner = recorder.callback if recorder is not None else None
+
+        def cb(t, ask, user_data):
+            if ask:
+                try:
+                    self.look(t)
+                except BaseException:     # never raise through C
+                    pass
+            return inner(t, ask, user_data) if inner is not None else False
+
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(cb)
+
+    def look(self, addr: int) -> None:
+        t = GGMLTensor.from_address(addr)
+        if t.op != GGML_OP_ADD or not t.name.startswith(b"l_out-") or not t.src[1]:
+            return
+        layer_dir = GGMLTensor.from_address(t.src[1])
+        # unnamed: ggml_build_forward_expand names it leaf_<i>
+        if layer_dir.op == 0 and re.fullmatch(rb"(leaf_\d+)?", layer_dir.name) and layer_dir.buffer:
+            buf = layer_dir.buffer
+            self.bufs[buf] = (self.ggml.buffer_name(buf).decode(), self.ggml.buffer_get_size(buf))
+
+    def sizes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, size in self.bufs.values():
+            out[name] = out.get(name, 0) + size
+        return out
 
 
 def _run_draft(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, draft: tuple[str, Params], ctx_tgt,

@@ -74,7 +74,8 @@ PLANNED = {"-c", "--kv-unified-per-slot", "-b", "-ub", "--swa-full", "-kvu", "-f
            "--spec-draft-override-tensor", "--spec-draft-cpu-moe", "--spec-draft-n-cpu-moe", "--spec-draft-n-max",
            "--spec-ngram-mod-n-max", "--spec-ngram-simple-size-m", "--spec-ngram-map-k-size-m",
            "--spec-ngram-map-k4v-size-m", "--spec-default", "--embedding", "--rerank", "--pooling", "--override-kv",
-           "--lora", "--lora-scaled", "--lora-init-without-apply"}
+           "--lora", "--lora-scaled", "--lora-init-without-apply", "--control-vector", "--control-vector-scaled",
+           "--control-vector-layer-range"}
 # the n-gram types' draft lengths (common_speculative_n_max reads them): the option and its bounds
 NGRAM_N_MAX_OPTIONS = {"--spec-ngram-mod-n-max": ("ngram-mod", 0, "ngram n-max"),
                        "--spec-ngram-simple-size-m": ("ngram-simple", 1, "ngram size M"),
@@ -86,9 +87,6 @@ REFUSED = {
     "-h": "prints the usage and exits", "--version": "prints its version and exits",
     "-cl": "lists the cached models and exits", "--completion-bash": "prints a completion script and exits",
     "--list-devices": "lists the devices and exits (see `schedplan devices`)",
-    "--control-vector": "loads control vectors, which schedplan does not plan yet",
-    "--control-vector-scaled": "loads control vectors, which schedplan does not plan yet",
-    "--control-vector-layer-range": "applies control vectors, which schedplan does not plan yet",
     "--spec-draft-device": "places the draft model on devices of its own (-devd), which schedplan does not plan yet",
     "-dr": "loads a model from a Docker registry: give it with -m or -hf",
     "--embd-gemma-default": "sets a model and its flags in its handler: give them instead",
@@ -206,7 +204,7 @@ def argv_events(argv: list[str]) -> list[Event]:
             need = 2 if o.kind == "str_str" else 1
             if i + need >= len(argv):
                 raise ServerArgsError(f"error while handling argument \"{arg}\": expected value for argument")
-            out.append(Event(o, argv[i + 1], arg))    # a two-value option is refused by apply()
+            out.append(Event(o, "\0".join(argv[i + 1:i + 1 + need]), arg))    # two values: NUL between
             i += need
         i += 1
     return out
@@ -383,6 +381,8 @@ class ServerParams:
     kv_overrides: list[KvOverride] = field(default_factory=list)   # --override-kv, appended in order
     lora: list[tuple[str, float]] = field(default_factory=list)   # --lora, --lora-scaled, in order
     lora_init_without_apply: bool = False
+    control_vectors: list[tuple[str, float]] = field(default_factory=list)   # --control-vector(-scaled)
+    control_vector_layer_range: tuple[int, int] = (0, 0)
     given: set[str] = field(default_factory=set)     # the planned options set by any source
 
 
@@ -587,6 +587,15 @@ def apply(p: ServerParams, e: Event) -> None:
             raise ServerArgsError(f"{src}: {ex}") from None
     elif key == "--lora-init-without-apply":
         p.lora_init_without_apply = True
+    elif key in ("--control-vector", "--control-vector-scaled"):
+        try:
+            p.control_vectors += lora_adapters([("control_vector_scaled" if key.endswith("-scaled")
+                                                 else "control_vector", v)], "control_vector")
+        except ValueError as ex:
+            raise ServerArgsError(f"{src}: {ex}") from None
+    elif key == "--control-vector-layer-range":
+        start, _, end = v.partition("\0")
+        p.control_vector_layer_range = (stoi(start, src, True), stoi(end, src, True))
     elif key == "--spec-default":
         # ngram-mod with its n_max 64 (and an n_min and n_match that decide no memory)
         p.spec_types.append("ngram-mod")
@@ -678,7 +687,9 @@ def to_params(p: ServerParams, devices: tuple[str, ...]) -> Params:
                   tensor_overrides=tuple(p.tensor_overrides), rpc=tuple(p.rpc), devices=devices,
                   use_mmap=p.use_mmap, embeddings=p.embedding, pooling_type=p.pooling_type,
                   kv_overrides=tuple(p.kv_overrides), lora=tuple(p.lora),
-                  lora_init_without_apply=p.lora_init_without_apply)
+                  lora_init_without_apply=p.lora_init_without_apply, control_vectors=tuple(p.control_vectors),
+                  control_vector_layer_start=p.control_vector_layer_range[0],
+                  control_vector_layer_end=p.control_vector_layer_range[1])
 
 
 def fitted_command(command: list[str], fitted: str, given: frozenset) -> list[str]:

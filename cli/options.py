@@ -213,6 +213,7 @@ POOLING_ORDER = "schedplan.pooling_order"
 
 
 LORA_ORDER = "schedplan.lora_order"
+CVEC_ORDER = "schedplan.control_vector_order"
 
 
 class _InOrder(click.Option):
@@ -270,7 +271,8 @@ _STOF_PREFIX = re.compile(r"[ \t\n\v\f\r]*[+-]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*
 
 def lora_adapters(order: list[tuple[str, str]], what: str = "lora") -> tuple[tuple[str, float], ...]:
     """The adapters of --lora FNAME[,...] (scale 1) and --lora-scaled FNAME:SCALE[,...] in command-line
-    order, as their handlers push them (common/arg.cpp: string_split on ':', std::stof of the scale).
+    order, as their handlers push them (common/arg.cpp: string_split on ':', std::stof of the scale);
+    what="control_vector": --control-vector and --control-vector-scaled, alike.
     order: (option name, value), the scaled option's name ending in "_scaled". ValueError: a value
     the handler refuses."""
     out = []
@@ -281,7 +283,7 @@ def lora_adapters(order: list[tuple[str, str]], what: str = "lora") -> tuple[tup
                 continue
             parts = item.split(":")
             if len(parts) != 2:
-                raise ValueError(f"{item!r}: {what}-scaled format: FNAME:SCALE")
+                raise ValueError(f"{item!r}: {what.replace('_', '-')}-scaled format: FNAME:SCALE")
             m = _STOF_PREFIX.match(parts[1])
             if not m:
                 raise ValueError(f"{item!r}: the scale is not a number (std::stof throws invalid_argument)")
@@ -363,6 +365,14 @@ def plan_options(func: Callable) -> Callable:
                      metavar="FNAME:SCALE[,...]", help="LoRA adapters with their scales (a scale of 0 is not applied)."),
         click.option("--lora-init-without-apply", "lora_init_without_apply", is_flag=True,
                      help="Load the LoRA adapters without applying them (the compute buffers stay the plain graphs')."),
+        click.option("--control-vector", "control_vector", cls=_InOrder, order_key=CVEC_ORDER, multiple=True,
+                     metavar="FNAME[,...]", help="Control vectors (strength 1), applied as llama-server applies them: "
+                     "one n_embd f32 tensor per layer 1..n_layer-1, and the graphs reserved again with their adds."),
+        click.option("--control-vector-scaled", "control_vector_scaled", cls=_InOrder, order_key=CVEC_ORDER,
+                     multiple=True, metavar="FNAME:SCALE[,...]", help="Control vectors with their strengths."),
+        click.option("--control-vector-layer-range", "control_vector_layer_range", type=(Int32(), Int32()),
+                     default=(0, 0), metavar="START END",
+                     help="The layers the control vectors are added to (inclusive; default 1 to n_layer)."),
         click.option("--device", "devices", multiple=True, metavar="KIND:MEMORY[:KEY=VALUE...]",
                      callback=_check_devices,
                      help=DEVICE_SPEC_HELP + " total=SIZE: the device's total memory (default MEMORY). Without "
@@ -376,10 +386,17 @@ def plan_options(func: Callable) -> Callable:
             kwargs.pop(name)
         kwargs.pop("pooling_type")      # gathered in order (_InOrder)
         kwargs.pop("lora"), kwargs.pop("lora_scaled")
+        kwargs.pop("control_vector"), kwargs.pop("control_vector_scaled")
+        meta = click.get_current_context().meta
         try:
-            lora = lora_adapters(click.get_current_context().meta.get(LORA_ORDER, []))
+            lora = lora_adapters(meta.get(LORA_ORDER, []))
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="'--lora-scaled'") from None
+        try:
+            cvecs = lora_adapters(meta.get(CVEC_ORDER, []), "control_vector")
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--control-vector-scaled'") from None
+        cvec_start, cvec_end = kwargs.pop("control_vector_layer_range")
         embeddings, pooling_type = _embeddings(kwargs.pop("embeddings"), kwargs.pop("rerank"),
                                                click.get_current_context().meta.get(POOLING_ORDER, []))
         n_batch, n_ubatch = kwargs.pop("n_batch"), kwargs.pop("n_ubatch")
@@ -398,7 +415,8 @@ def plan_options(func: Callable) -> Callable:
             rpc_memory=_rpc_memory_list(kwargs.pop("rpc"), kwargs.pop("rpc_memory")),
             devices=kwargs.pop("devices"), header_cache=not kwargs.pop("no_header_cache"),
             kv_overrides=kwargs.pop("kv_overrides"),
-            lora=lora, lora_init_without_apply=kwargs.pop("lora_init_without_apply"),
+            lora=lora, lora_init_without_apply=kwargs.pop("lora_init_without_apply"), control_vectors=cvecs,
+            control_vector_layer_start=cvec_start, control_vector_layer_end=cvec_end,
         )
         return func(*args, **kwargs)
 

@@ -207,7 +207,7 @@ def device_memory_table(rows: list[dict]) -> str:
         spare = d["projected_free"] - d["target"]
         verdict = f"fits, {mib(spare)} MiB to spare" if spare >= 0 else f"short by {mib(-spare)} MiB"
         table.append([d["device"], mib(d["free"]), mib(d["model"] + d["context"] + d["compute"] + d.get("projector", 0)
-                                                            + d.get("draft", 0) + d.get("lora", 0)),
+                                                            + d.get("draft", 0) + d.get("adapters", 0)),
                       mib(d["projected_free"]), mib(d["target"]), verdict])
     return tabulate(table, headers=["device", "free MiB", "used MiB", "left MiB", "target MiB", "verdict"],
                     disable_numparse=True, stralign="right")

@@ -6,7 +6,9 @@ in a CPU extra buffer type such as CPU_REPACK), and each context gets one buffer
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional
 
 from . import ggml
 from .gallocr import alloc_ctx_tensors
@@ -14,6 +16,9 @@ from .ggml import Buffer, Tensor
 from .gguf import ARRAY, FLOAT32, STRING, UINT32, GGUFError, read_header
 from .hparams import UnsupportedModel
 from .model import Model
+
+if TYPE_CHECKING:
+    from ..backends.types import BufferType
 
 
 class AdapterRefused(UnsupportedModel):
@@ -142,3 +147,87 @@ def llama_adapter_lora_init(model: Model, path: str, cpu_buft) -> LoraAdapter:
                 refuse(f"LoRA tensor '{info.name}' data is not within the file bounds, file is corrupted or "
                        f"incomplete")
     return adapter
+
+
+# --- control vectors -------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class ControlVector:
+    """llama_adapter_cvec: one n_embd f32 tensor per layer 1..n_layer-1 (none for layer 0), in the
+    buffer type llama_model::select_buft(il) picks for the layer, one buffer per buffer type; the
+    graphs add a layer's tensor to its output for layer_start <= il <= layer_end (tensor_for)."""
+    tensors: list[Optional[Tensor]]
+    layer_start: int
+    layer_end: int
+    bufs: list[Buffer] = field(default_factory=list)
+
+    def tensor_for(self, il: int) -> Optional[Tensor]:
+        if il < 0 or il < self.layer_start or il > self.layer_end or il >= len(self.tensors):
+            return None
+        return self.tensors[il]
+
+    def buffers(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for b in self.bufs:
+            out[b.buft.name] = out.get(b.buft.name, 0) + b.size
+        return out
+
+
+def common_control_vector_load(infos: tuple[tuple[str, float], ...]) -> tuple[int, int, list[str]]:
+    """common/common.cpp common_control_vector_load over --control-vector(-scaled) files: (n_embd,
+    the number of floats of the summed data, llama.cpp's error lines); n_embd -1 when a file is
+    invalid ("no valid control vector files passed"). Only the shapes matter here: the data are
+    summed per layer, layer i (>= 1) at [n_embd * (i - 1)]."""
+    n_embd, n_data = -1, 0
+    for path, _ in infos:
+        try:
+            hdr = read_header(path)
+        except GGUFError:
+            return -1, 0, [f"failed to load control vector file from {path}", "no valid control vector files passed"]
+        cur_embd, cur_data, why = -1, 0, None
+        for t in hdr.tensors:
+            head, dot, rest = t.name.partition(".")
+            m = _STOI.match(rest) if dot and head == "direction" else None
+            layer_idx = int(m.group(0)) if m else -1
+            if layer_idx < 0:
+                why = f"invalid/unparsable direction tensor layer index in {path}"
+            elif layer_idx == 0:
+                why = f"invalid (zero) direction tensor layer index in {path}"
+            elif t.type != ggml.T.F32:
+                why = f"invalid (non-F32) direction tensor type in {path}"
+            elif any(d != 1 for d in t.ne[1:]):      # ggml_n_dims(tensor) != 1
+                why = f"invalid (non-1D) direction tensor shape in {path}"
+            elif cur_embd != -1 and t.n_elements != cur_embd:
+                why = f"direction tensor in {path} does not match previous dimensions"
+            if why:
+                return -1, 0, [why, f"skipping {path} due to invalid direction tensors",
+                               "no valid control vector files passed"]
+            cur_embd = t.n_elements if cur_embd == -1 else cur_embd
+            cur_data = max(cur_data, cur_embd * layer_idx)
+        if cur_embd == -1:     # a file without tensors: n_embd stays -1, which fails the whole load
+            return -1, 0, [f"no direction tensors found in {path}", f"skipping {path} due to invalid direction "
+                           f"tensors", "no valid control vector files passed"]
+        if n_embd != -1 and cur_embd != n_embd:
+            return -1, 0, [f"control vectors in {path} does not match previous dimensions",
+                           "no valid control vector files passed"]
+        n_embd, n_data = cur_embd, max(n_data, cur_data)
+    return n_embd, n_data, []
+
+
+_STOI = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+
+
+def llama_adapter_cvec_init(model: Model, select_buft: Callable[[int], "BufferType"], layer_start: int,
+                            layer_end: int) -> ControlVector:
+    """llama_adapter_cvec::init and apply's layer range: tensors for layers 1..n_layer-1 in the
+    buffer type select_buft(il) gives, one context and buffer per buffer type."""
+    n_layer = model.hparams.n_layer
+    cvec = ControlVector([None], layer_start, layer_end)
+    ctx_map: dict[int, tuple] = {}
+    for il in range(1, n_layer):
+        buft = select_buft(il)
+        t = ggml.new_tensor(ggml.T.F32, model.hparams.n_embd)
+        ctx_map.setdefault(id(buft), (buft, []))[1].append(t)
+        cvec.tensors.append(t)
+    cvec.bufs = [alloc_ctx_tensors(buft, tensors, usage="any") for buft, tensors in ctx_map.values()]
+    return cvec

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 # the sections compared field by field; "source", "checks", "log", "tensors" and the model path are not
-SECTIONS = ("model", "params", "compute_buffers", "kv_buffers", "output_buffers", "model_buffers", "graphs", "lora")
+SECTIONS = ("model", "params", "compute_buffers", "kv_buffers", "output_buffers", "model_buffers", "graphs", "lora",
+            "control_vector")
 SKIP = {"model.path", "draft.model.path"}
 MISSING = None
 

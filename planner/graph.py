@@ -19,7 +19,7 @@ from .kv_cache_dsa import KVCacheDSA, KVCacheDSAISWA
 from .kv_cache_dsv4 import DSV4_CSA_RATIO, DSV4_HCA_RATIO, CompPlan, KVCacheDSV4, reserve_comp_plan
 from .kv_cache_iswa import KVCacheISWA
 from .memory_recurrent import MemoryHybrid, MemoryRecurrent
-from .adapter import LoraAdapter
+from .adapter import ControlVector, LoraAdapter
 from .model import Model
 
 
@@ -195,6 +195,7 @@ class GraphContext:
     # llama_context::loras (llama_adapter_loras): the applied LoRA adapters and their scales
     loras: list[tuple[LoraAdapter, float]] = field(default_factory=list)
     lora_built: set[str] = field(default_factory=set)   # the weights whose adapters' branches were built
+    cvec: Optional[ControlVector] = None   # llama_context::cvec once control vectors are applied
 
     @property
     def hparams(self):
@@ -215,6 +216,11 @@ class GraphContext:
                 raise ggml.GGMLAbort(f"llama.cpp would abort at the first decode (ggml-backend.cpp GGML_ASSERT(buffer) "
                                      f"in {set_input}): its input {t.name or 'tensor'} is in no graph, so no buffer "
                                      f"holds it")
+
+    def build_cvec(self, cur: Tensor, il: int) -> Tensor:
+        """build_cvec: llama_adapter_cvec::apply_to adds the layer's control vector, where it has one."""
+        layer_dir = self.cvec.tensor_for(il) if self.cvec is not None else None
+        return ggml.add(cur, layer_dir) if layer_dir is not None else cur
 
     def check_loras(self) -> None:
         """Every adapted weight the graph reads got its adapters' branch: a weight the planner's graph

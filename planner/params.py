@@ -145,6 +145,9 @@ class Params:
     kv_overrides: tuple[KvOverride, ...] = ()   # --override-kv KEY=TYPE:VALUE, in command-line order
     lora: tuple[tuple[str, float], ...] = ()   # --lora FILE (scale 1), --lora-scaled FILE SCALE, in order
     lora_init_without_apply: bool = False      # --lora-init-without-apply
+    control_vectors: tuple[tuple[str, float], ...] = ()   # --control-vector FILE, --control-vector-scaled FILE:SCALE
+    control_vector_layer_start: int = 0        # --control-vector-layer-range START END (<= 0: 1 and n_layer)
+    control_vector_layer_end: int = 0
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from .kv_cache_iswa import KVCacheISWA, create_kv_cache_iswa
 from .kv_cache_msa import KVCacheMSA, create_kv_cache_msa
 from .memory_hybrid_idx import create_memory_hybrid_idx
 from .memory_recurrent import MemoryHybrid, MemoryRecurrent, create_memory_recurrent
-from .adapter import LoraAdapter, llama_adapter_lora_init
+from .adapter import (ControlVector, LoraAdapter, common_control_vector_load, llama_adapter_cvec_init,
+                      llama_adapter_lora_init)
 from .model import Model, load_hparams, load_tensors
 from .model_loader import ModelLoader
 from .params import Params
@@ -83,6 +84,7 @@ class Context:
     warnings: list[str] = dataclasses.field(default_factory=list)   # what llama.cpp warns of this context
     lora_adapters: list[tuple[LoraAdapter, float]] = dataclasses.field(default_factory=list)   # loaded, with scales
     loras: list[tuple[LoraAdapter, float]] = dataclasses.field(default_factory=list)   # llama_context::loras
+    cvec: Optional[ControlVector] = None      # llama_context::cvec, once control vectors are applied
 
 
 def create_context(model_path: str, params: Params, header: Optional[GGUFHeader] = None,
@@ -340,7 +342,8 @@ def build_graph(ctx: Context, ubatch: Ubatch) -> GraphContext:
         sched.set_tensor_backend(t, devices.backend_index(devices.cpu))
 
     g = GraphContext(ctx.model, ctx.cparams, ctx.kv, ubatch, pin=pin, pin_cpu=pin_cpu,
-                     model_other=ctx.ctx_other.model if ctx.ctx_other is not None else None, loras=ctx.loras)
+                     model_other=ctx.ctx_other.model if ctx.ctx_other is not None else None, loras=ctx.loras,
+                     cvec=ctx.cvec)
     module = models.module(ctx.hparams.arch)
     (module.build_mtp if ctx.cparams.mtp else module.build)(g)
     g.build_pooling()
@@ -458,29 +461,83 @@ def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     return stats
 
 
-def set_adapters_lora(ctx: Context, lora_init_without_apply: bool) -> Optional[dict[str, GraphStats]]:
-    """common_init_from_params after the context: common_set_adapter_lora (unless
-    --lora-init-without-apply; not where a context pooling by rank cannot rerank: it returns after
-    those warnings) -> llama_context::set_adapters_lora, which keeps the adapters of non-zero scale and,
-    when that changes the set, sets sched_need_reserve. The next decode (llama-server's warm-up, else
-    the first request) runs sched_reserve again, which makes a new scheduler
-    (ggml_backend_sched_new: the first one's compute buffers are freed) and reserves pp, tg and pp
-    with the adapters' matmuls in the graphs. Returns those graphs' stats, None when nothing was
-    applied.
+# the architectures whose planned graphs add control vectors where llama.cpp's call build_cvec
+CVEC_ARCHS = frozenset({"gemma3", "gemma-embedding", "llama", "llama-embed", "qwen3moe", "rnd1"})
+
+
+def common_init_adapters(ctx: Context, params: Params) -> Optional[dict[str, GraphStats]]:
+    """common_init_from_params after the context, in its order:
+    - control vectors (--control-vector*): common_control_vector_load, then llama_set_adapter_cvec
+      (the layer range defaults to 1..n_layer), which allocates one n_embd tensor per layer 1..n_layer-1
+      (llama_adapter_cvec::init) and sets sched_need_reserve. Invalid files or a width other than
+      n_embd: llama.cpp logs why and returns early (no LoRA applied, no warm-up), and llama-server
+      runs without them: warnings, not a refusal;
+    - where a context pooling by rank cannot rerank, it returns after those warnings;
+    - common_set_adapter_lora (unless --lora-init-without-apply) -> llama_context::set_adapters_lora,
+      which keeps the adapters of non-zero scale and, when that changes the set, sets sched_need_reserve.
+    The next decode (llama-server's warm-up, else the first request) then runs sched_reserve again,
+    which makes a new scheduler (ggml_backend_sched_new: the first one's compute buffers are freed)
+    and reserves pp, tg and pp with the control vectors' adds and the adapters' matmuls. Returns those
+    graphs' stats, None when nothing changed the graphs.
 
     The adapters are iterated as std::unordered_map<llama_adapter_lora *, float> holds them: with
     libstdc++ one or two adapters are in reverse order of insertion (two buckets, both pointers in
     the first); with three or more the order depends on the adapters' heap addresses (the plan keeps
     reverse order)."""
-    if lora_init_without_apply or ctx.warnings:
-        return None
-    ctx.loras = [(a, scale) for a, scale in reversed(ctx.lora_adapters) if scale != 0.0]
-    if not ctx.loras:   # adapters_lora_are_same: the empty set again
+    hp = ctx.hparams
+    can_rerank = not ctx.warnings
+    if params.control_vectors:
+        if hp.arch not in CVEC_ARCHS:
+            raise NotImplementedError(f"control vectors on a {hp.arch} model are not planned (planned: "
+                                      f"{', '.join(sorted(CVEC_ARCHS))})")
+        n_embd, _, errors = common_control_vector_load(params.control_vectors)
+        if n_embd == -1:
+            ctx.warnings += errors
+            return None
+        if n_embd != hp.n_embd:
+            ctx.warnings.append("llama_set_adapter_cvec: control vector n_embd does not match model")
+            return None     # no tensors: the re-reserve at the first request builds the same graphs
+        start = params.control_vector_layer_start if params.control_vector_layer_start > 0 else 1
+        end = params.control_vector_layer_end if params.control_vector_layer_end > 0 else hp.n_layer
+        ctx.cvec = llama_adapter_cvec_init(ctx.model, lambda il: cvec_buft(ctx, il), start, end)
+    if can_rerank and not params.lora_init_without_apply:
+        ctx.loras = [(a, scale) for a, scale in reversed(ctx.lora_adapters) if scale != 0.0]
+    if ctx.cvec is None and not ctx.loras:   # adapters_lora_are_same: the empty set again
         return None
     ctx.sched = Sched(ctx.devices.backends, ctx.devices.backend_bufts, parallel=ctx.devices.pipeline_parallel,
                       op_offload=ctx.cparams.op_offload)
     ctx.graph_renames_persistent = False
     return sched_reserve(ctx)
+
+
+def cvec_buft(ctx: Context, il: int):
+    """llama_model::select_buft(il): the first buffer type of the layer's list whose device supports
+    ggml_add of two n_embd f32 vectors with one of them in it: the layer's device's, else the CPU
+    list's (the first device's host buffer type unless --no-host; CPU_REPACK never adds; CPU)."""
+    devices, n_embd = ctx.devices, ctx.hparams.n_embd
+
+    def supports(backend, buft) -> bool:
+        layer_dir = ggml.new_tensor(ggml.T.F32, n_embd)
+        layer_dir.buffer = ggml.Buffer(buft, "weights")
+        return backend.supports_op(ggml.add(ggml.new_tensor(ggml.T.F32, n_embd), layer_dir))
+
+    backend = devices.layer_device(il, ctx.hparams.n_layer_all)
+    if backend is not devices.cpu and supports(backend, backend.buft):
+        return backend.buft
+    host = devices.host_backend
+    if host is not None and supports(host, host.host_buft):
+        return host.host_buft
+    return devices.cpu.buft
+
+
+def cvec_section(ctx: Context, params: Params, before: dict[str, int]) -> dict:
+    """The plan's "control_vector" section: the files, the layer range applied, the tensors' buffers
+    per buffer type (none where llama.cpp did not apply them), and the compute buffers of the
+    context's first reservation."""
+    c = ctx.cvec
+    return {"files": [{"path": path, "scale": scale} for path, scale in params.control_vectors],
+            "applied": c is not None, "layer_range": [c.layer_start, c.layer_end] if c else None,
+            "buffers": c.buffers() if c else {}, "compute_buffers_before": before}
 
 
 def lora_section(ctx: Context, before: dict[str, int]) -> dict:
@@ -574,11 +631,12 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         check_mmproj_for_model(projector, model_path, params)
     ctx = create_context(model_path, params, header)
     stats = sched_reserve(ctx)
-    lora = None
-    if ctx.lora_adapters:
+    lora = cvec = None
+    if ctx.lora_adapters or params.control_vectors:
         before = _buffer_sizes(ctx, [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))])
-        stats = set_adapters_lora(ctx, params.lora_init_without_apply) or stats
-        lora = lora_section(ctx, before)
+        stats = common_init_adapters(ctx, params) or stats
+        lora = lora_section(ctx, before) if ctx.lora_adapters else None
+        cvec = cvec_section(ctx, params, before) if params.control_vectors else None
     result = {"schema": SCHEMA, "source": "plan", "llama_cpp": {"commit": LLAMA_CPP_COMMIT},
               **context_sections(ctx, stats),
               "splits": {name: s.split_list for name, s in stats.items()},
@@ -587,6 +645,8 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
         result["warnings"] = ctx.warnings
     if lora is not None:
         result["lora"] = lora
+    if cvec is not None:
+        result["control_vector"] = cvec
     if projector is not None:
         result["projector"] = projector.summary()
     ctx_dft = None
@@ -636,8 +696,8 @@ def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector:
                           ctx_dft: Optional[Context] = None) -> list[dict]:
     """Per device of known memory, what this plan uses there (model, context, compute: what --fit
     counts; a projector's weights and warm-up buffers on that device, its gen-audio weights
-    included; a draft model's weights, context and compute buffers, and the LoRA adapters' buffers,
-    which llama-server allocates after fitting) against its free memory and the margin --fit keeps
+    included; a draft model's weights, context and compute buffers, and the LoRA adapters' and
+    control vectors' buffers, which llama-server allocates after fitting) against its free memory and the margin --fit keeps
     (-fitt, default 1024 MiB)."""
     from .fit import device_memory, fit_targets
 
@@ -651,18 +711,17 @@ def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector:
     targets = fit_targets(margins)
     usage = projector.allocated() if projector is not None else {}
     draft = usage_of(ctx_dft) if ctx_dft is not None else {}
-    lora: dict[str, int] = {}     # the LoRA adapters' buffers on the devices (loaded after fitting)
-    for a, _ in ctx.lora_adapters:
-        for buf in a.bufs:
-            if not buf.buft.is_host:
-                lora[buf.buft.device] = lora.get(buf.buft.device, 0) + buf.size
+    adapters: dict[str, int] = {}     # the LoRA adapters' and control vectors' buffers on the devices
+    for buf in [b for a, _ in ctx.lora_adapters for b in a.bufs] + (ctx.cvec.bufs if ctx.cvec else []):
+        if not buf.buft.is_host:
+            adapters[buf.buft.device] = adapters.get(buf.buft.device, 0) + buf.size
     out = []
     for i, b in enumerate(ctx.devices.model_devices()):
         d = dmds[i]
-        used = d.used() + usage.get(b.device_name, 0) + draft.get(b.device_name, 0) + lora.get(b.device_name, 0)
+        used = d.used() + usage.get(b.device_name, 0) + draft.get(b.device_name, 0) + adapters.get(b.device_name, 0)
         out.append({"device": b.device_name, "free": d.free, "total": d.total, "model": d.model,
                     "context": d.context, "compute": d.compute, "projector": usage.get(b.device_name, 0),
-                    "draft": draft.get(b.device_name, 0), "lora": lora.get(b.device_name, 0),
+                    "draft": draft.get(b.device_name, 0), "adapters": adapters.get(b.device_name, 0),
                     "projected_free": d.free - used, "target": targets[i], "fits": d.free - used >= targets[i]})
     return out
 

@@ -121,5 +121,6 @@ def build_block(g: GraphContext, layer, il: int, inp_l, inp_pos, inp_attn, inp_o
     cur = g.build_norm(cur, layer.ffn_post_norm, None, LLM_NORM_RMS, -1)
     g.cb(cur, "ffn_post_norm", il_ffn_post_norm)
     cur = ggml.add(cur, sa_out)
+    cur = g.build_cvec(cur, il)
     g.cb(cur, "l_out", il)
     return cur

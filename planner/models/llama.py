@@ -113,7 +113,8 @@ def build(g: GraphContext, embed: bool = False) -> None:
 
         cur = ggml.add(cur, ffn_inp)
         g.cb(cur, "ffn_out", il)
-        g.cb(cur, "l_out", il)   # build_cvec returns cur without control vectors
+        cur = g.build_cvec(cur, il)
+        g.cb(cur, "l_out", il)
         inp_l = cur
 
     if embed:

@@ -73,6 +73,7 @@ def build(g: GraphContext, diffusion: bool = False) -> None:
         g.cb(moe_out, "ffn_moe_out", il)
         cur = moe_out
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

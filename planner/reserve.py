@@ -495,7 +495,7 @@ def common_init_adapters(ctx: Context, params: Params) -> Optional[dict[str, Gra
             ctx.warnings += errors
             return None
         if n_embd != hp.n_embd:
-            ctx.warnings.append("llama_set_adapter_cvec: control vector n_embd does not match model")
+            ctx.warnings.append("control vector n_embd does not match model")
             return None     # no tensors: the re-reserve at the first request builds the same graphs
         start = params.control_vector_layer_start if params.control_vector_layer_start > 0 else 1
         end = params.control_vector_layer_end if params.control_vector_layer_end > 0 else hp.n_layer

@@ -1,7 +1,8 @@
-"""LoRA adapters (--lora, --lora-scaled, --lora-init-without-apply): their buffers as
-llama_adapter_lora_init allocates them (src/llama-adapter.cpp), the compute buffers of the graphs
-reserved again with their matmuls once llama-server applies them, the refusals of bad adapter files,
-and the real llama-server's log against `reserve -- llama-server ...`."""
+"""LoRA adapters (--lora, --lora-scaled, --lora-init-without-apply) and control vectors
+(--control-vector, --control-vector-scaled, --control-vector-layer-range): their buffers as
+llama_adapter_lora_init and llama_adapter_cvec allocate them (src/llama-adapter.cpp), the compute
+buffers of the graphs reserved again with their matmuls and adds once llama-server applies them, the
+refusals of bad adapter files, and the real llama-server's log against `reserve -- llama-server ...`."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fixtures.make_gguf import lora_path, model_path, write_lora_gguf  # noqa: E402
+from fixtures.make_gguf import cvec_path, lora_path, model_path, write_cvec_gguf  # noqa: E402
 from schedplan.cli.reserve import reserve as reserve_cmd  # noqa: E402
 from schedplan.planner.adapter import AdapterRefused  # noqa: E402
 from schedplan.planner.params import Params  # noqa: E402
@@ -25,7 +26,8 @@ MiB = 1024 * 1024
 
 
 def plan(model: str, *lora: tuple[str, float], **kw) -> dict:
-    return reserve(str(model_path(model)), Params(n_ctx=4096, lora=tuple(lora), **kw))
+    kw.setdefault("n_ctx", 4096)
+    return reserve(str(model_path(model)), Params(lora=tuple(lora), **kw))
 
 
 def test_adapter_buffers_are_its_tensors_aligned():
@@ -145,8 +147,9 @@ def test_lora_flags_in_command_line_order():
 
 
 def _server_log(text: str) -> dict:
-    """llama-server's LoRA buffer lines (buffer type, MiB; one per adapter and buffer type), and the two reservations: the context's, then the warm-up's
-    with the adapters (compute buffers in MiB as logged, graph nodes and splits)."""
+    """llama-server's LoRA buffer lines (buffer type, MiB; one per adapter and buffer type), and the two
+    reservations: the context's, then the warm-up's with the adapters (compute buffers in MiB as
+    logged, graph nodes and splits)."""
     lora = sorted(re.findall(r"llama_adapter_lora_init_impl:\s+(\S+) LoRA buffer size =\s+([\d.]+) MiB", text))
     reservations = []
     for part in text.split("sched_reserve: reserving ...")[1:]:
@@ -191,3 +194,76 @@ def test_the_adapters_equal_llama_servers(model, adapters, n_rpc, flags):
     assert {k: f"{v / MiB:.2f}" for k, v in r["compute_buffers"].items()} == after
     assert (r["graphs"]["pp"]["nodes"], r["graphs"]["pp"]["splits"]) == graph_after
     assert graph_after[0] > graph_before[0]
+
+
+def test_control_vector_tensors_per_layer():
+    """llama_adapter_cvec::init: one n_embd f32 tensor for each layer but the first, in the layer's
+    buffer type (all CPU here: tiny-gemma3 has 6 layers of n_embd 256); the graphs add those of the
+    layer range to each layer's output (one ADD per layer), reserved again."""
+    base = plan("tiny-gemma3")
+    r = plan("tiny-gemma3", control_vectors=((str(cvec_path("tiny-gemma3")), 1.0),))
+    c = r["control_vector"]
+    assert c["applied"] and c["layer_range"] == [1, 6] and c["buffers"] == {"CPU": 5 * 256 * 4}
+    assert r["graphs"]["pp"]["nodes"] == base["graphs"]["pp"]["nodes"] + 5
+    r = plan("tiny-gemma3", control_vectors=((str(cvec_path("tiny-gemma3")), 1.0),), control_vector_layer_start=2,
+             control_vector_layer_end=3)
+    assert r["control_vector"]["buffers"] == {"CPU": 5 * 256 * 4}      # every layer's tensor, whatever the range
+    assert r["graphs"]["pp"]["nodes"] == base["graphs"]["pp"]["nodes"] + 2
+
+
+def test_control_vectors_on_the_host_buffer_type_of_the_cpu_layers():
+    """select_buft(il): a layer on the GPU keeps its vector in the GPU's buffer type; a CPU layer in
+    the first device's host buffer type (CUDA_Host), which supports the add, before the CPU's."""
+    r = plan("tiny-gemma3", control_vectors=((str(cvec_path("tiny-gemma3")), 1.0),), n_gpu_layers=3,
+             devices=("cuda:1GiB:cc=8.9",))
+    assert r["control_vector"]["buffers"] == {"CUDA0": 2 * 1024, "CUDA_Host": 3 * 1024}
+
+
+def test_control_vectors_llama_cpp_cannot_apply_are_warnings(tmp_path):
+    """A vector of another width: llama_set_adapter_cvec logs "control vector n_embd does not match
+    model" and common_init_from_params returns (no LoRA applied, no warm-up): the server runs without
+    them, as the real llama-server does (test_the_adapters_equal_llama_servers)."""
+    bad = str(write_cvec_gguf("tiny-gemma3", tmp_path / "bad.gguf", n_embd=128))
+    lora = str(lora_path("tiny-gemma3", 4, "qv"))
+    r = plan("tiny-gemma3", (lora, 1.0), control_vectors=((bad, 1.0),))
+    assert r["warnings"] == ["control vector n_embd does not match model"]
+    assert not r["control_vector"]["applied"] and not r["lora"]["applied"]
+    assert r["compute_buffers"] == plan("tiny-gemma3")["compute_buffers"]
+
+
+def test_control_vectors_on_other_architectures_are_refused():
+    with pytest.raises(NotImplementedError, match="control vectors on a qwen3 model are not planned"):
+        plan("tiny-qwen3", control_vectors=((str(cvec_path("tiny-qwen3")), 1.0),))
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("model,n_rpc,flags", [
+    ("tiny-gemma3", 0, ["-c", "4096", "-np", "1"]),
+    ("tiny-llama", 1, ["-c", "4096", "-ngl", "1", "--control-vector-layer-range", "1", "1"]),
+    ("tiny-qwen3moe", 2, ["-c", "2048", "-ngl", "99", "-ts", "3,1", "--lora", "LORA"]),
+])
+def test_the_control_vectors_equal_llama_servers(model, n_rpc, flags):
+    """The real llama-server with --control-vector-scaled (-fit off): its context's reservation and
+    the warm-up's with the vectors (and an adapter) added equal `reserve -- llama-server ...`."""
+    from fixtures.llama_build import bin_dir
+    from fixtures.server_fit_golden import run_server
+    from schedplan.backends.rpc_server import rpc_servers
+
+    binary = bin_dir() / "llama-server"
+    if not binary.exists():
+        pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
+    flags = [str(lora_path(model, 4, "qv")) if f == "LORA" else f for f in flags]
+    args = ["-m", str(model_path(model)), "-fit", "off", *flags, "--control-vector-scaled",
+            f"{cvec_path(model)}:0.8"]
+    with rpc_servers(n_rpc) as endpoints:
+        rpc = ["--rpc", ",".join(endpoints)] if endpoints else []
+        text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])
+        res = CliRunner().invoke(reserve_cmd, ["--device", "none", "--json", "--", "llama-server", *args, *rpc])
+    assert "llama_server: listening on" in text, text[-2000:]
+    assert res.exit_code == 0, res.output
+    r, real = json.loads(res.stdout), _server_log(text)
+    assert r["control_vector"]["applied"]
+    (before, graph_before), (after, graph_after) = real["reservations"][:2]
+    assert {k: f"{v / MiB:.2f}" for k, v in r["control_vector"]["compute_buffers_before"].items()} == before
+    assert {k: f"{v / MiB:.2f}" for k, v in r["compute_buffers"].items()} == after
+    assert (r["graphs"]["pp"]["nodes"], r["graphs"]["pp"]["splits"]) == graph_after

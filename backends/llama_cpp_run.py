@@ -130,6 +130,7 @@ class Ggml:
         self.buffer_get_base = _fn(base, "ggml_backend_buffer_get_base", vp, vp)
         self.buffer_get_size = _fn(base, "ggml_backend_buffer_get_size", sz, vp)
         self.buffer_get_usage = _fn(base, "ggml_backend_buffer_get_usage", ctypes.c_int, vp)
+        self.buffer_get_alignment = _fn(base, "ggml_backend_buffer_get_alignment", sz, vp)
         self.nbytes = _fn(base, "ggml_nbytes", sz, vp)
         self.type_name = _fn(base, "ggml_type_name", cp, ctypes.c_int)
         self.op_name = _fn(base, "ggml_op_name", cp, ctypes.c_int)
@@ -697,9 +698,12 @@ def _apply_adapters(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model, c
         result["graphs"][name]["splits"] = parsed["graphs"][name]["splits"]
     result["checks"]["compute_log_agrees"] = _log_agrees(parsed["compute"], compute)
     if cvec_applied:
-        if start <= 1 and end >= n_layer - 1:
+        # measured where the buffers seen hold every layer's tensor: the graphs add only the range's,
+        # and a layer's add run on another backend (a CPU layer's offloaded to a GPU for a batch of
+        # 32 tokens or more, the last CPU layer's before a GPU output layer) reads a copy of it
+        if probe.n_slots(llama_cpp.llama_model_n_embd(model)) == n_layer - 1:
             result["control_vector"]["buffers"] = probe.sizes()
-        else:    # the graphs add only the range's tensors: the others' buffers are not seen
+        else:
             del result["control_vector"]["buffers"]
     return True
 
@@ -769,6 +773,15 @@ class CvecProbe:
         if layer_dir.op == 0 and re.fullmatch(rb"(leaf_\d+)?", layer_dir.name) and layer_dir.buffer:
             buf = layer_dir.buffer
             self.bufs[buf] = (self.ggml.buffer_name(buf).decode(), self.ggml.buffer_get_size(buf))
+
+
+    def n_slots(self, n_embd: int) -> int:
+        """How many n_embd f32 tensors the buffers seen hold (each padded to its buffer's alignment;
+        a buffer's few extra bytes, Vulkan_Host's 32, hold none): llama_adapter_cvec puts all of a
+        buffer type's tensors in its one buffer, so a buffer seen once is seen whole."""
+        g = self.ggml
+        return sum(size // (-(-n_embd * 4 // g.buffer_get_alignment(buf)) * g.buffer_get_alignment(buf))
+                   for buf, (_, size) in self.bufs.items())
 
     def sizes(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -157,7 +157,8 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
 def render(result: dict) -> str:
     """The human-readable report of a reserve result (plan or real run: same schema)."""
     out = [_params_line(result), *(f"llama.cpp warns: {w}" for w in result.get("warnings", [])), "",
-           buffers_table(result), *(["", *lora_lines(result["lora"])] if "lora" in result else []), "",
+           buffers_table(result), *(["", *lora_lines(result["lora"])] if "lora" in result else []),
+           *(["", cvec_line(result["control_vector"])] if "control_vector" in result else []), "",
            graphs_table(result)]
     if "projector" in result:
         out += ["", projector_section(result["projector"])]
@@ -226,6 +227,9 @@ def buffers_table(result: dict) -> str:
     kinds = [("model", "model_buffers"), ("KV", "kv_buffers"), ("output", "output_buffers"),
              ("compute", "compute_buffers")]
     sections = {key: result.get(key, {}) for _, key in kinds}
+    if "control_vector" in result:     # the control vectors' buffers, beside the model's
+        kinds.insert(1, ("cvec", "control_vector"))
+        sections["control_vector"] = result["control_vector"].get("buffers", {})
     if "lora" in result:     # the LoRA adapters' buffers, beside the model's
         kinds.insert(1, ("LoRA", "lora"))
         sections["lora"] = result["lora"]["buffers"]
@@ -238,6 +242,15 @@ def buffers_table(result: dict) -> str:
     rows.append(["total", *(mib(s) for s in totals), mib(sum(totals)), f"{sum(totals):,}"])
     headers = ["buffer type", *(f"{k} MiB" for k, _ in kinds), "total MiB", "total bytes"]
     return tabulate(rows, headers=headers, disable_numparse=True, colalign=("left",) + ("right",) * (len(kinds) + 2))
+
+
+def cvec_line(c: dict) -> str:
+    """The control vectors: their files, the layers they are added to, whether applied."""
+    files = ", ".join(f"{f['path']} (strength {f['scale']:g})" for f in c["files"])
+    if not c["applied"]:
+        return f"control vectors {files}: not applied (llama.cpp could not: see its warnings)"
+    return (f"control vectors {files}: added to layers {c['layer_range'][0]}..{c['layer_range'][1]}; the compute "
+            f"buffers reserved again with them")
 
 
 def lora_lines(lora: dict) -> list[str]:

@@ -56,6 +56,14 @@ class LoraAdapter:
         return out
 
 
+def alloc_buffer(buft: "BufferType", tensors: list[Tensor]) -> Buffer:
+    """ggml_backend_alloc_ctx_tensors_from_buft: the tensors padded to the buffer type's alignment, in
+    one buffer of what the buffer type makes of that size (Vulkan_Host adds 32 bytes)."""
+    buf = alloc_ctx_tensors(buft, tensors, usage="any")
+    buf.size = buft.buffer_size(buf.size)
+    return buf
+
+
 def llama_adapter_lora_init(model: Model, path: str, cpu_buft) -> LoraAdapter:
     """llama_adapter_lora_init_impl. cpu_buft: the CPU device's buffer type, where the adapter of a
     weight held in a CPU extra buffer type goes ("lora for '...' cannot use buft '...', fallback to CPU")."""
@@ -138,7 +146,7 @@ def llama_adapter_lora_init(model: Model, path: str, cpu_buft) -> LoraAdapter:
         ctx_map.setdefault(id(buft), (buft, []))[1].extend((ta, tb))
         adapter.ab_map[name] = LoraWeight(ta, tb)
 
-    adapter.bufs = [alloc_ctx_tensors(buft, tensors, usage="any") for buft, tensors in ctx_map.values()]
+    adapter.bufs = [alloc_buffer(buft, tensors) for buft, tensors in ctx_map.values()]
     # set tensor data: each tensor's bytes must lie within the file
     for name in adapter.ab_map:
         for info in pairs[name]:
@@ -229,5 +237,5 @@ def llama_adapter_cvec_init(model: Model, select_buft: Callable[[int], "BufferTy
         t = ggml.new_tensor(ggml.T.F32, model.hparams.n_embd)
         ctx_map.setdefault(id(buft), (buft, []))[1].append(t)
         cvec.tensors.append(t)
-    cvec.bufs = [alloc_ctx_tensors(buft, tensors, usage="any") for buft, tensors in ctx_map.values()]
+    cvec.bufs = [alloc_buffer(buft, tensors) for buft, tensors in ctx_map.values()]
     return cvec

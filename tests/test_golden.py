@@ -44,7 +44,8 @@ def _plan_case(case_id: str) -> dict:
 
 def _flags(case: dict) -> list[str]:
     """The case's flags with its LoRA adapters, RPC servers and lavapipe devices, as recorded."""
-    return (list(case["flags"]) + lora_flags(case["model"], tuple(tuple(x) for x in case.get("lora", ())))
+    return (list(case["flags"]) + lora_flags(case["model"], tuple(tuple(x) for x in case.get("lora", ())),
+                                             case.get("cvec", ""))
             + [x for i in range(case["n_rpc"]) for x in ("--rpc", canonical_endpoint(i))]
             + lavapipe_flags(case.get("n_vulkan", 0)))
 
@@ -89,6 +90,20 @@ def test_lora_equals_llama_cpp(golden):
         [{k: v for k, v in a.items() if k != "path"} for a in real["adapters"]]
     for key in ("buffers", "applied", "compute_buffers_before"):
         assert plan[key] == real[key], key
+
+
+CVEC_GOLDENS = [g for g in GOLDENS if g["case"].get("cvec")]
+
+
+@pytest.mark.parametrize("golden", CVEC_GOLDENS, ids=[g["case"]["id"] for g in CVEC_GOLDENS])
+def test_control_vector_equals_llama_cpp(golden):
+    """The control vector's buffers (read from the tensors the graph adds; absent where a layer
+    range leaves some unseen), its layer range, and the compute buffers the re-reserve replaced."""
+    plan, real = _plan(golden)["control_vector"], golden["result"]["control_vector"]
+    for key in ("applied", "layer_range", "compute_buffers_before", "buffers"):
+        if key in real:
+            assert plan[key] == real[key], key
+    assert [f["scale"] for f in plan["files"]] == [f["scale"] for f in real["files"]]
 
 
 def test_goldens_exist():

@@ -661,7 +661,9 @@ def _apply_adapters(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model, c
                                     "buffers": {}, "compute_buffers_before": before}
         if not cvec_applied:
             return False     # common_init_from_params returns: no LoRA applied, no warm-up
-    lora_applied = (bool(adapters) and not params.lora_init_without_apply and "warnings" not in result
+    # common_init_from_params returns after the rerank warnings (the others: the loader's, llama_context's)
+    can_rerank = not set(result.get("warnings", ())) & {RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT}
+    lora_applied = (bool(adapters) and not params.lora_init_without_apply and can_rerank
                     and any(s != 0.0 for *_, s in adapters))
     if lora_applied:
         n = len(adapters)

@@ -31,7 +31,7 @@ from .model import Model, load_hparams, load_tensors
 from .model_loader import ModelLoader
 from .params import Params
 from .sched import Sched, Splitting
-from .vocab import load_vocab, rerank_warnings
+from .vocab import RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT, load_vocab, rerank_warnings
 
 if TYPE_CHECKING:
     from .fit import ExtraModel
@@ -485,7 +485,8 @@ def common_init_adapters(ctx: Context, params: Params) -> Optional[dict[str, Gra
     the first); with three or more the order depends on the adapters' heap addresses (the plan keeps
     reverse order)."""
     hp = ctx.hparams
-    can_rerank = not ctx.warnings
+    # common_init_from_params returns after the rerank warnings (the others: the loader's, llama_context's)
+    can_rerank = not any(w in (RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT) for w in ctx.warnings)
     if params.control_vectors:
         if hp.arch not in CVEC_ARCHS:
             raise NotImplementedError(f"control vectors on a {hp.arch} model are not planned (planned: "

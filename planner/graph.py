@@ -194,7 +194,9 @@ class GraphContext:
     decode_inputs: list[tuple[Tensor, str]] = field(default_factory=list)
     # llama_context::loras (llama_adapter_loras): the applied LoRA adapters and their scales
     loras: list[tuple[LoraAdapter, float]] = field(default_factory=list)
-    lora_built: set[str] = field(default_factory=set)   # the weights whose adapters' branches were built
+    # the adapted weights whose matmuls were built as llama.cpp builds them: with the adapters' branch,
+    # or plain where llama.cpp multiplies without build_lora_mm (build_output's lora=False)
+    lora_handled: set[str] = field(default_factory=set)
     cvec: Optional[ControlVector] = None   # llama_context::cvec once control vectors are applied
 
     @property
@@ -223,14 +225,17 @@ class GraphContext:
         return ggml.add(cur, layer_dir) if layer_dir is not None else cur
 
     def check_loras(self) -> None:
-        """Every adapted weight the graph reads got its adapters' branch: a weight the planner's graph
-        multiplies without build_lora_mm (where llama.cpp may use it) is not planned with adapters."""
+        """Every adapted weight the graph reads was multiplied as llama.cpp multiplies it: through
+        build_lora_mm (the adapters' branch), or plain where the builder says llama.cpp does
+        (lora_handled). A weight read any other way (a plain matmul in this graph, which llama.cpp may
+        or may not run through build_lora_mm) is not planned with adapters: refused."""
         adapted = {name for adapter, _ in self.loras for name in adapter.ab_map}
         read = {s.name for t in self.gf.nodes for s in t.src if s is not None and s.buffer is not None}
-        missing = sorted((adapted & read) - self.lora_built)
+        missing = sorted((adapted & read) - self.lora_handled)
         if missing:
-            raise NotImplementedError(f"a LoRA adapter of {missing[0]}: the {self.hparams.arch} graph reads that "
-                                      f"weight where schedplan builds no adapter branch (build_lora_mm) for it")
+            raise NotImplementedError(f"a LoRA adapter of {missing[0]} on a {self.hparams.arch} model: its graph "
+                                      f"multiplies that weight without build_lora_mm here, which is not verified "
+                                      f"against llama.cpp with adapters")
 
     def cb(self, cur: Tensor, name: str, il: int) -> None:
         if cur.buffer is not None:   # plamo2 names its conv and SSM state tensors
@@ -258,7 +263,7 @@ class GraphContext:
             lw = adapter.get_weight(tok_embd)
             if lw is None:
                 continue
-            self.lora_built.add(tok_embd.name)
+            self.lora_handled.add(tok_embd.name)
             scale = lw.get_scale(adapter.alpha, adapter_scale)
             # non-transposed lora_b
             delta = ggml.scale(ggml.mul_mat(lw.b, ggml.get_rows(lw.a, tokens)), scale)
@@ -569,7 +574,7 @@ class GraphContext:
             lw = adapter.get_weight(w)
             if lw is None:
                 continue
-            self.lora_built.add(w.name)
+            self.lora_handled.add(w.name)
             scale = lw.get_scale(adapter.alpha, adapter_scale)
             ab_cur = ggml.mul_mat(lw.b, ggml.mul_mat(lw.a, cur))
             ab_cur = ggml.scale(ab_cur, scale)
@@ -588,7 +593,7 @@ class GraphContext:
             lw = adapter.get_weight(w)
             if lw is None:
                 continue
-            self.lora_built.add(w.name)
+            self.lora_handled.add(w.name)
             scale = lw.get_scale(adapter.alpha, adapter_scale)
             ab_cur = ggml.mul_mat_id(lw.b, ggml.mul_mat_id(lw.a, cur, ids), ids)
             ab_cur = ggml.scale(ab_cur, scale)
@@ -1136,14 +1141,16 @@ class GraphContext:
     def build_output(self, cur: Tensor, softcap: Optional[float] = None, h_nextn: bool = False,
                      logit_scale: Optional[float] = None, out_ids: Optional[Tensor] = None,
                      norm: str = LLM_NORM_RMS, output_scale: Optional[float] = None,
-                     name_no_bias: bool = False) -> None:
+                     name_no_bias: bool = False, lora: bool = True) -> None:
         """The tail most builders share: output_norm of the norm type, with its bias if any
         (result_norm, t_embd), the lm_head, its bias if any, final logit softcapping, Granite's
         logit scale (1/logit_scale) or Command-R's (times output_scale) if any (result_output,
         t_logits), expanded into the graph.
         h_nextn: the normed state is also kept for multi-token prediction (t_h_nextn).
         out_ids: the output rows are picked after the norm (embeddings_nextn_masked is false).
-        name_no_bias: the product before the bias is named result_output_no_bias (phi2, phi3)."""
+        name_no_bias: the product before the bias is named result_output_no_bias (phi2, phi3).
+        lora: the lm_head through build_lora_mm; False: a plain ggml_mul_mat, which no LoRA adapter
+        reaches (deepseek2.cpp, deepseek32.cpp, bailingmoe3.cpp, dots3note.cpp, kimi-linear.cpp)."""
         cur = self.build_norm(cur, self.model.output_norm, self.model.output_norm_b, norm, -1)
         if h_nextn:
             self.cb(cur, "h_nextn", -1)
@@ -1152,7 +1159,11 @@ class GraphContext:
             cur = ggml.get_rows(cur, out_ids)
         self.cb(cur, "result_norm", -1)
         self.t_embd = cur
-        cur = self.build_lora_mm(self.model.output, cur)
+        if lora:
+            cur = self.build_lora_mm(self.model.output, cur)
+        else:
+            cur = ggml.mul_mat(self.model.output, cur)
+            self.lora_handled.add(self.model.output.name)
         if self.model.output_b is not None:
             if name_no_bias:
                 self.cb(cur, "result_output_no_bias", -1)

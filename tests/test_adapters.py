@@ -267,3 +267,25 @@ def test_the_control_vectors_equal_llama_servers(model, n_rpc, flags):
     assert {k: f"{v / MiB:.2f}" for k, v in r["control_vector"]["compute_buffers_before"].items()} == before
     assert {k: f"{v / MiB:.2f}" for k, v in r["compute_buffers"].items()} == after
     assert (r["graphs"]["pp"]["nodes"], r["graphs"]["pp"]["splits"]) == graph_after
+
+
+def test_an_output_head_llama_cpp_multiplies_plainly_takes_no_adapter(tmp_path):
+    """deepseek2.cpp (and deepseek32, bailingmoe3, dots3note, kimi-linear) multiply the lm_head with a
+    plain ggml_mul_mat: an adapter of output.weight is loaded (its buffer) but never in the graphs, so
+    nothing is reserved again for it (verified against llama.cpp on tiny-deepseek3, with attn_output
+    and ffn_up adapters beside: equal)."""
+    from fixtures.make_gguf import write_lora_gguf
+    path = str(write_lora_gguf("tiny-deepseek3", tmp_path / "out.gguf", 8, ("output.weight",), 16.0))
+    base, r = plan("tiny-deepseek3"), plan("tiny-deepseek3", (path, 1.0))
+    assert r["lora"]["applied"] and r["lora"]["adapters"][0]["n_tensors"] == 2
+    assert r["graphs"]["pp"]["nodes"] == base["graphs"]["pp"]["nodes"]
+    assert r["compute_buffers"] == base["compute_buffers"]
+
+
+def test_an_adapter_of_a_weight_multiplied_plainly_is_refused(tmp_path):
+    """deepseek2's attn_q_a is multiplied without build_lora_mm (in llama.cpp too, but the planner
+    cannot tell that from a matmul it builds plainly): not planned, one line."""
+    from fixtures.make_gguf import write_lora_gguf
+    path = str(write_lora_gguf("tiny-deepseek3", tmp_path / "q.gguf", 8, ("blk.*.attn_q_a.weight",), 16.0))
+    with pytest.raises(NotImplementedError, match="LoRA adapter of blk.0.attn_q_a.weight on a deepseek2 model"):
+        plan("tiny-deepseek3", (path, 1.0))

@@ -188,7 +188,7 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "l_out", il)
         inp_l = cur
 
-    g.build_output(inp_l, h_nextn=True, out_ids=inp_out_ids)
+    g.build_output(inp_l, h_nextn=True, out_ids=inp_out_ids, lora=False)
 
 
 def build_kda(g: GraphContext, inp: MemHybridInput, cur: Tensor, il: int) -> Tensor:

@@ -216,7 +216,7 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "l_out", il)
         inp_l = cur
 
-    g.build_output(inp_l, h_nextn=True)
+    g.build_output(inp_l, h_nextn=True, lora=False)
 
 
 def build_ffn_dense_or_moe(g: GraphContext, layer: Layer, ffn_inp: Tensor, norm_w: bool, il: int,

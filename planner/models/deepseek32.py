@@ -195,7 +195,7 @@ def build_dsa(g: GraphContext, indexer_rope_type: int, is_indexer_full: Callable
         g.cb(cur, "l_out", il)
         inp_l = cur
 
-    g.build_output(inp_l, h_nextn=True)
+    g.build_output(inp_l, h_nextn=True, lora=False)
 
 
 def build_lightning_indexer(g: GraphContext, inp_attn_dsa: AttnInputKDSA, layer: Layer, cur: Tensor, qr: Tensor,

@@ -207,4 +207,4 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "l_out", il)
         inp_l = cur
 
-    g.build_output(inp_l)
+    g.build_output(inp_l, lora=False)

@@ -167,7 +167,7 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "l_out", il)
         inp_l = cur
 
-    g.build_output(inp_l)
+    g.build_output(inp_l, lora=False)
 
 
 def causal_conv1d(g: GraphContext, conv_states_all: Tensor, conv_state_all: Tensor, qkv: int, x: Tensor,

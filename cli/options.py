@@ -362,7 +362,8 @@ def plan_options(func: Callable) -> Callable:
                      help="LoRA adapters (scale 1), loaded and applied as llama-server does: their buffers, and the "
                      "compute buffers the graphs with their matmuls reserve."),
         click.option("--lora-scaled", "lora_scaled", cls=_InOrder, order_key=LORA_ORDER, multiple=True,
-                     metavar="FNAME:SCALE[,...]", help="LoRA adapters with their scales (a scale of 0 is not applied)."),
+                     metavar="FNAME:SCALE[,...]",
+                     help="LoRA adapters with their scales (a scale of 0 is not applied)."),
         click.option("--lora-init-without-apply", "lora_init_without_apply", is_flag=True,
                      help="Load the LoRA adapters without applying them (the compute buffers stay the plain graphs')."),
         click.option("--control-vector", "control_vector", cls=_InOrder, order_key=CVEC_ORDER, multiple=True,

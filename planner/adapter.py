@@ -191,6 +191,9 @@ def common_control_vector_load(infos: tuple[tuple[str, float], ...]) -> tuple[in
         try:
             hdr = read_header(path)
         except GGUFError:
+            hdr = None
+        # gguf_init_from_file with no_alloc false reads the tensors' data too: a file cut short fails
+        if hdr is None or hdr.file_size < hdr.data_offset + hdr.data_size:
             return -1, 0, [f"failed to load control vector file from {path}", "no valid control vector files passed"]
         cur_embd, cur_data, why = -1, 0, None
         for t in hdr.tensors:

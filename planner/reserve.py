@@ -698,8 +698,8 @@ def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector:
     """Per device of known memory, what this plan uses there (model, context, compute: what --fit
     counts; a projector's weights and warm-up buffers on that device, its gen-audio weights
     included; a draft model's weights, context and compute buffers, and the LoRA adapters' and
-    control vectors' buffers, which llama-server allocates after fitting) against its free memory and the margin --fit keeps
-    (-fitt, default 1024 MiB)."""
+    control vectors' buffers, which llama-server allocates after fitting) against its free memory
+    and the margin --fit keeps (-fitt, default 1024 MiB)."""
     from .fit import device_memory, fit_targets
 
     def usage_of(c: Context) -> dict[str, int]:

@@ -289,3 +289,16 @@ def test_an_adapter_of_a_weight_multiplied_plainly_is_refused(tmp_path):
     path = str(write_lora_gguf("tiny-deepseek3", tmp_path / "q.gguf", 8, ("blk.*.attn_q_a.weight",), 16.0))
     with pytest.raises(NotImplementedError, match="LoRA adapter of blk.0.attn_q_a.weight on a deepseek2 model"):
         plan("tiny-deepseek3", (path, 1.0))
+
+
+def test_a_control_vector_cut_short_is_a_warning(tmp_path):
+    """common_control_vector_load reads the file with its data (gguf_init_from_file, no_alloc false):
+    a file whose data section is cut short fails there ("failed to load control vector file"), so
+    llama-server runs without it (the executor's gguf-py read fails alike: not applied)."""
+    data = cvec_path("tiny-gemma3").read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(data[:-1])
+    r = plan("tiny-gemma3", control_vectors=((str(path), 1.0),))
+    assert r["warnings"] == [f"failed to load control vector file from {path}", "no valid control vector files passed"]
+    assert not r["control_vector"]["applied"]
+    assert r["graphs"]["pp"]["nodes"] == plan("tiny-gemma3")["graphs"]["pp"]["nodes"]

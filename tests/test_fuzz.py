@@ -391,3 +391,29 @@ def test_symlink_loop_is_one_line(tmp_path):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     assert_cli_error(reserve(tmp_path / "a"), "symbolic links")
+
+
+# --- adapters: a damaged LoRA adapter or control vector beside its model (reserve MODEL --lora FILE) ----
+
+ADAPTERS = {"lora tiny-llama": ("tiny-llama", "--lora"), "lora tiny-qwen3moe": ("tiny-qwen3moe", "--lora"),
+            "cvec tiny-gemma3": ("tiny-gemma3", "--control-vector")}
+
+
+@pytest.fixture(scope="module")
+def adapter_bases() -> dict[str, Header]:
+    from fixtures.make_gguf import cvec_path, lora_path
+    files = {"lora tiny-llama": lora_path("tiny-llama", 8, "qv"),
+             "lora tiny-qwen3moe": lora_path("tiny-qwen3moe", 8, "experts"), "cvec tiny-gemma3": cvec_path("tiny-gemma3")}
+    return {name: Header.parse(path.read_bytes()) for name, path in files.items()}
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+@_settings
+@given(data=st.data())
+def test_hostile_adapter_header(worker, adapter_bases, name, data):
+    """A LoRA adapter or a control vector, damaged (its header alone: an undamaged one then fails
+    llama.cpp's data bounds check), planned beside its model: a plan, warnings or one line."""
+    model, option = ADAPTERS[name]
+    case = make_case(Draw(data), name, adapter_bases[name], model=str(header_path(model)), option=option)
+    out = worker.run(case)
+    assert out.ok, f"{out.outcome} after {case.kind} ({case.what}) of {name}:\n  {case.command()}\n{out.detail}"

@@ -302,3 +302,20 @@ def test_a_control_vector_cut_short_is_a_warning(tmp_path):
     assert r["warnings"] == [f"failed to load control vector file from {path}", "no valid control vector files passed"]
     assert not r["control_vector"]["applied"]
     assert r["graphs"]["pp"]["nodes"] == plan("tiny-gemma3")["graphs"]["pp"]["nodes"]
+
+
+def test_fit_counts_no_adapter():
+    """common_fit_params knows no adapters (common/fit.cpp) and llama-server fits before loading them:
+    `fit` with --lora and --control-vector picks what it picks without them (here: -ngl 5, tiny-gemma3's
+    layers 2..5 and its output layer on a 24 MiB device)."""
+    from schedplan.cli.fit import fit
+
+    model = str(model_path("tiny-gemma3"))
+    args = [model, "-c", "4096", "--device", "cuda:24MiB:cc=8.9", "-fitt", "0", "--json"]
+    plain = json.loads(CliRunner().invoke(fit, args).stdout)
+    adapted = json.loads(CliRunner().invoke(fit, args + ["--lora", str(lora_path("tiny-gemma3", 8, "all")),
+                                                         "--control-vector", str(cvec_path("tiny-gemma3"))]).stdout)
+    assert plain["args"] == "-c 4096 -ngl 5"
+    # the host's available RAM moves between two runs
+    assert {k: v for k, v in adapted.items() if k != "host_ram"} == {k: v for k, v in plain.items() if k != "host_ram"}
+    assert adapted["host_ram"]["needed"] == plain["host_ram"]["needed"]

@@ -75,7 +75,7 @@ PLANNED = {"-c", "--kv-unified-per-slot", "-b", "-ub", "--swa-full", "-kvu", "-f
            "--spec-ngram-mod-n-max", "--spec-ngram-simple-size-m", "--spec-ngram-map-k-size-m",
            "--spec-ngram-map-k4v-size-m", "--spec-default", "--embedding", "--rerank", "--pooling", "--override-kv",
            "--lora", "--lora-scaled", "--lora-init-without-apply", "--control-vector", "--control-vector-scaled",
-           "--control-vector-layer-range"}
+           "--control-vector-layer-range", "-bs", "--spec-draft-backend-sampling"}
 # the n-gram types' draft lengths (common_speculative_n_max reads them): the option and its bounds
 NGRAM_N_MAX_OPTIONS = {"--spec-ngram-mod-n-max": ("ngram-mod", 0, "ngram n-max"),
                        "--spec-ngram-simple-size-m": ("ngram-simple", 1, "ngram size M"),
@@ -374,6 +374,8 @@ class ServerParams:
     draft_type_v: str = "f16"
     draft_overrides: list[tuple[str, str]] = field(default_factory=list)
     draft_n_max: int = 3
+    draft_backend_sampling: bool = True     # --spec-draft-backend-sampling (common.h: on)
+    backend_sampling: bool = False          # -bs: every request samples on the backend
     spec_types: list[str] = field(default_factory=lambda: ["none"])
     embedding: bool = False               # --embedding, --rerank
     pooling_type: str = "unspecified"     # --pooling, --rerank (rank)
@@ -555,6 +557,10 @@ def apply(p: ServerParams, e: Event) -> None:
         if n < 0:
             raise ServerArgsError(f"{src} {v}: invalid value")
         p.draft_n_max = n
+    elif key == "--spec-draft-backend-sampling":
+        p.draft_backend_sampling = v == "1"
+    elif key == "-bs":
+        p.backend_sampling = True
     elif key == "--spec-type":
         from ..planner.server import spec_types_from_names
         try:
@@ -674,7 +680,8 @@ def to_spec(p: ServerParams, draft_path: Optional[str]) -> "SpecParams":
     from ..planner.server import SPEC_NGRAM_N_MAX, SpecParams
 
     return SpecParams(tuple(p.spec_types), draft_path, p.draft_n_gpu_layers, p.draft_type_k, p.draft_type_v,
-                      tuple(p.draft_overrides), p.draft_n_max, tuple((SPEC_NGRAM_N_MAX | p.ngram_n_max).items()))
+                      tuple(p.draft_overrides), p.draft_n_max, tuple((SPEC_NGRAM_N_MAX | p.ngram_n_max).items()),
+                      p.draft_backend_sampling)
 
 
 def to_params(p: ServerParams, devices: tuple[str, ...]) -> Params:

@@ -97,15 +97,16 @@ def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, dr
         if Path(model).name in SERVER_NAMES:
             if draft is not None:
                 raise click.UsageError("with `-- llama-server ARGS`, give the draft model after llama-server")
-            model, params, fit_target, mmproj, extra = server_plan(model, list(server_args), params)
+            model, params, fit_target, mmproj, extra, server = server_plan(model, list(server_args), params)
         elif server_args:
             raise click.UsageError(f"got unexpected extra arguments ({' '.join(server_args)})")
         else:
             header = read_model_header(model, params.header_cache)
             params, _ = for_this_machine(params)
             params, extra = with_draft(model, params, draft)
+            server = None
         result = plan(model, params, tensors=tensors, graph=graph, margins=fit_target, mmproj=mmproj, header=header,
-                      draft=extra)
+                      draft=extra, server=server)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -116,13 +117,17 @@ def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, dr
 
 
 def server_plan(argv0: str, argv: list[str], declared: Params):
-    """(model, Params, -fitt, projector, draft) of a llama-server command line: its context as
-    llama-server creates it (cli/rank.py prepare), as given with --fit off, else with what --fit
-    picks (what `schedplan fit -- llama-server` prints); the draft model llama-server then loads (an
-    MTP context over the model's own weights is not listed). After --fit the draft's tensor split is
-    the fitted one: common_fit_params writes it into common_params::tensor_split, which
-    common_base_params_to_speculative copies for the draft."""
+    """(model, Params, -fitt, projector, draft, ServerLife) of a llama-server command line: its
+    context as llama-server creates it (cli/rank.py prepare), as given with --fit off, else with what
+    --fit picks (what `schedplan fit -- llama-server` prints); the draft model llama-server then
+    loads, or the MTP context over the model's own NextN block; and what decides its allocations
+    after startup. After --fit the draft's tensor split is the fitted one: common_fit_params writes
+    it into common_params::tensor_split, which common_base_params_to_speculative copies for the
+    draft; the MTP context is created over the fitted model, with the fitted context parameters
+    (common_fit_params measured it with the parameters as they were before fitting)."""
     from . import llama_server as ls
+    from ..planner.server import SpecParams, draft_types_from_gguf
+    from ..planner.server_life import ServerLife
     from .fit import given_options, server_jobs
     from .rank import fit_job, prepare
 
@@ -137,10 +142,11 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
     job = jobs[0]
     if job.error:
         raise BadDevices(job.error)
-    params, extra, _ = prepare(job)
-    draft = extra if extra is not None and not extra.shares_model else None
-    if not ls.parse(argv).params.fit:
-        return job.model, params, job.margins, job.mmproj, draft
+    params, draft, _ = prepare(job)
+    parsed = ls.parse(argv).params
+    server = ServerLife(draft_types_from_gguf(job.spec or SpecParams(), params.header_cache), parsed.backend_sampling)
+    if not parsed.fit:
+        return job.model, params, job.margins, job.mmproj, draft, server
     try:
         result = fit_job(job).result
     except RuntimeError as e:
@@ -148,10 +154,15 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
     if result.status != 0:
         raise BadDevices(f"llama-server's --fit would fail ({result.message}); llama-server then loads the flags as "
                          f"given: add -fit off to plan those")
-    if draft is not None:
+    if draft is not None and draft.shares_model:
+        d = draft.params
+        draft = dataclasses.replace(draft, params=dataclasses.replace(
+            result.params, type_k=d.type_k, type_v=d.type_v, n_outputs_max=d.n_outputs_max, ctx_type=d.ctx_type,
+            n_rs_seq=d.n_rs_seq, embeddings=d.embeddings, pooling_type=d.pooling_type))
+    elif draft is not None:
         draft = dataclasses.replace(draft, params=dataclasses.replace(draft.params,
                                                                       tensor_split=result.params.tensor_split))
-    return job.model, result.params, job.margins, job.mmproj, draft
+    return job.model, result.params, job.margins, job.mmproj, draft, server
 
 
 def render(result: dict) -> str:
@@ -170,8 +181,44 @@ def render(result: dict) -> str:
         out += ["", tensors_table(result["tensors"])]
     if "draft" in result:
         d = result["draft"]
-        out += ["", "draft model, its context created after the model's:", _params_line(d), "", buffers_table(d), "",
-                graphs_table(d)]
+        title = ("MTP context over the model's NextN block (the model's weights), created after the model's:"
+                 if d.get("shares_model") else "draft model, its context created after the model's:")
+        out += ["", title, _params_line(d), "", buffers_table(d), "", graphs_table(d)]
+    if "after_startup" in result:
+        out += ["", after_startup_section(result)]
+    return "\n".join(out)
+
+
+def after_startup_section(result: dict) -> str:
+    """What llama-server allocates after the startup reservation above (planner/server_life.py):
+    per context, the output buffer after the draft's startup decode and the first request, and the
+    compute buffers it reserves again; then the peak against the startup total."""
+    a = result["after_startup"]
+    out = ["after startup (llama-server: speculative decoding set up, the draft's startup decode, the first request):"]
+    grown = 0
+    for role, section in (("model", result), ("draft", result.get("draft"))):
+        if role not in a:
+            continue
+        c = a[role]
+        sizes = " -> ".join(f"{mib(s)} MiB" for s in c["output_history"])
+        buft = next(iter(c["output_buffers"]))
+        turned_on = [f"last hidden state {c['embeddings_nextn']}" if c["embeddings_nextn"] else "",
+                     f"inputs of layers {', '.join(map(str, c['layer_inp']))}" if c["layer_inp"] else "",
+                     "backend samplers" if c["samplers"] else ""]
+        turned_on = ", ".join(t for t in turned_on if t) or "nothing"
+        out.append(f"  {role}: {turned_on}; {buft} output buffer {sizes} "
+                   f"({c['output_history'][-1]:,} bytes, for {c['n_outputs_reserved']} outputs)")
+        grown += c["output_history"][-1] - c["output_history"][0]
+        if c["compute_reserved_again"]:
+            out.append(f"  {role}: compute buffers reserved again {c['compute_reserved_again']}")
+        if c.get("note"):
+            out.append(f"  {role}: {c['note']}")
+        if c.get("first_request_aborts"):
+            out.append(f"  {role}: llama-server aborts at the first request: {c['first_request_aborts']}")
+    unplanned = any(a[r]["compute_reserved_again"] for r in a)
+    out.append(f"  output buffers grow by {mib(grown)} MiB ({grown:,} bytes) over the startup reservation"
+               + ("; the compute buffers reserved again are not planned" if unplanned else
+                  "; no compute buffer is reserved again"))
     return "\n".join(out)
 
 

@@ -170,6 +170,7 @@ class HParams:
     n_deepstack_layers: int = 0            # qwen3vl(moe): the input rows carry this many extra n_embd blocks
     n_embd_inp_impl: int = 0               # gemma4-assistant: the input rows are the target's (n_embd_out)
     n_embd_inp_enc_impl: int = 0           # eagle3: the encoder's input rows (the target's fused hidden states)
+    target_layer_ids: tuple[int, ...] = ()  # llama_model::target_layer_ids (eagle3, dflash): the target layers it reads
     norm_before_residual: bool = False     # eagle3: the normed target features feed the residual
     norm_before_fc: bool = False           # eagle3.1: an RMS norm before the feature fusion
     dflash_block_size: int = 0             # dflash: the trained noise block; DFlash2's convolutions and selector

@@ -35,6 +35,7 @@ from .vocab import RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT, load_vocab, rerank_w
 
 if TYPE_CHECKING:
     from .fit import ExtraModel
+    from .server_life import ServerLife
     from .mtmd.mtmd import MmprojParams, MmprojPlan
 
 SCHEMA = "schedplan.reserve/1"
@@ -126,13 +127,26 @@ def context_warnings(hp: HParams, cp: CParams) -> list[str]:
     return []
 
 
-def output_reserve_size(hp: HParams, cp: CParams) -> int:
-    """output_reserve(n_seq_max) at construction: f32 logits for n_seq_max outputs, and as many
-    embeddings (n_embd_out wide) when the context computes them, which T5 always does ("TODO:
-    hacky enc-dec support", llama-context.cpp:2131)."""
+def output_reserve_size(hp: HParams, cp: CParams, n_outputs: int = 0, embeddings_nextn: Optional[bool] = None,
+                       layer_inp: tuple[int, ...] = (), sampling: bool = False) -> int:
+    """llama_context::output_reserve(n_outputs): the bytes its output buffer needs (C:2116). At
+    construction output_reserve(n_seq_max): f32 logits for n_seq_max outputs, and as many embeddings
+    (n_embd_out wide) when the context computes them, which T5 always does ("TODO: hacky enc-dec
+    support"). What llama-server turns on later grows it (planner/server_life.py): the last hidden
+    states (llama_set_embeddings_nextn: embeddings_nextn is its `masked`, None while off; unmasked,
+    one row per token of n_batch), the inputs of the layers in layer_inp (n_embd x n_batch each), and
+    backend samplers (logits and probs, the sampled token and the candidates, per output)."""
+    n_outputs_max = max(n_outputs, cp.n_seq_max)
     has_embd = cp.embeddings or hp.arch == "t5"
-    n_floats = hp.n_vocab + (hp.n_embd_out() if has_embd else 0)
-    return n_floats * cp.n_seq_max * 4
+    n_floats = (hp.n_vocab + (hp.n_embd_out() if has_embd else 0)) * n_outputs_max
+    if embeddings_nextn is not None:
+        n_floats += hp.n_embd_out() * (n_outputs_max if embeddings_nextn else cp.n_batch)
+    n_floats += len(set(layer_inp)) * hp.n_embd * cp.n_batch
+    n_tokens = 0
+    if sampling:
+        n_floats += 2 * hp.n_vocab * n_outputs_max
+        n_tokens = (1 + hp.n_vocab) * n_outputs_max
+    return n_floats * 4 + n_tokens * 4
 
 
 class ContextRefused(UnsupportedModel):
@@ -616,14 +630,17 @@ def _buffer_sizes(ctx: Context, per_backend: list[int]) -> dict[str, int]:
 
 def reserve(model_path: str, params: Params, tensors: bool = False, graph: str = "pp",
             margins: Optional[list[int]] = None, mmproj: Optional["MmprojParams"] = None,
-            header: Optional[GGUFHeader] = None, draft: Optional["ExtraModel"] = None) -> dict:
+            header: Optional[GGUFHeader] = None, draft: Optional["ExtraModel"] = None,
+            server: Optional["ServerLife"] = None) -> dict:
     """Plan everything llama.cpp reserves for this model and these parameters, as a JSON-able dict.
     margins: the free memory to keep per device (-fitt), for the verdict on devices of known memory.
     mmproj: a multimodal projector loaded beside the model, as llama-server loads it ("projector":
     its encoders' weights and warm-up compute buffers per buffer type, and per device).
     header: the model's header when the caller already read it.
     draft: a draft model llama-server loads after the model, with its context ("draft", see
-    reserve_draft)."""
+    reserve_draft), or the MTP context over the model's own NextN block (shares_model).
+    server: the context is llama-server's: what it allocates after startup ("after_startup",
+    planner/server_life.py)."""
     projector = None
     if mmproj is not None:
         from .mtmd.mtmd import mtmd_get_memory_usage
@@ -654,8 +671,15 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
     if draft is not None:
         ctx_dft, stats_dft = reserve_draft(ctx, draft)
         result["draft"] = context_sections(ctx_dft, stats_dft)
+        if draft.shares_model:     # the MTP context runs the model's own weights (llama_init_from_model(model_tgt))
+            result["draft"]["model_buffers"] = {}
+            result["draft"]["shares_model"] = True
+    if server is not None:
+        from .server_life import after_startup
+        result["after_startup"] = after_startup(ctx, ctx_dft, server)
     if ctx.devices.model_devices() and all(b.memory is not None for b in ctx.devices.model_devices()):
-        result["device_memory"] = device_memory_verdict(ctx, margins, projector, ctx_dft)
+        result["device_memory"] = device_memory_verdict(ctx, margins, projector, ctx_dft,
+                                                        draft is not None and draft.shares_model)
     if tensors:
         if graph == "tg":
             n_seqs = ctx.cparams.n_seq_max
@@ -694,18 +718,20 @@ def memory_breakdown(ctx: Context) -> dict[str, int]:
 
 
 def device_memory_verdict(ctx: Context, margins: Optional[list[int]], projector: Optional["MmprojPlan"] = None,
-                          ctx_dft: Optional[Context] = None) -> list[dict]:
+                          ctx_dft: Optional[Context] = None, dft_shares_model: bool = False) -> list[dict]:
     """Per device of known memory, what this plan uses there (model, context, compute: what --fit
     counts; a projector's weights and warm-up buffers on that device, its gen-audio weights
-    included; a draft model's weights, context and compute buffers, and the LoRA adapters' and
-    control vectors' buffers, which llama-server allocates after fitting) against its free memory
-    and the margin --fit keeps (-fitt, default 1024 MiB)."""
+    included; a draft model's weights, context and compute buffers (an MTP context's without the
+    weights it shares with the model), and the LoRA adapters' and control vectors' buffers, which
+    llama-server allocates after fitting) against its free memory and the margin --fit keeps (-fitt,
+    default 1024 MiB)."""
     from .fit import device_memory, fit_targets
 
     def usage_of(c: Context) -> dict[str, int]:
         sizes = [c.sched.get_vbuffer_size(i) for i in range(len(c.devices.backends))]
         dmds = device_memory(c, sizes, 0)    # the host's row is not part of the verdict
-        return {b.device_name: d.used() for b, d in zip(c.devices.model_devices(), dmds)}
+        return {b.device_name: d.used() - (d.model if dft_shares_model else 0)
+                for b, d in zip(c.devices.model_devices(), dmds)}
 
     sizes = [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))]
     dmds = device_memory(ctx, sizes, 0)

@@ -51,6 +51,7 @@ class SpecParams:
     tensor_overrides: tuple[tuple[str, str], ...] = ()
     n_max: int = 3
     ngram_n_max: tuple[tuple[str, int], ...] = tuple(SPEC_NGRAM_N_MAX.items())
+    backend_sampling: bool = True     # --spec-draft-backend-sampling: the draft's samplers on the backend (default on)
 
     def n_draft(self) -> int:
         """common_speculative_n_max: the most tokens any of the types drafts."""

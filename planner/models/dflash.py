@@ -60,6 +60,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     if not ml.is_array("%s.target_layers"):
         ml.fail("DFlash model requires 'target_layers' in GGUF metadata")
     target_layer_ids = ml.get_arr_i32("%s.target_layers")
+    hp.target_layer_ids = tuple(target_layer_ids)
     hp.n_embd_inp_enc_impl = len(target_layer_ids) * hp.n_embd & 0xFFFFFFFF
     if ml.get_u32("%s.hyper_connection.count", 0) > 0:
         raise NotImplementedError("a DSpark drafter over DeepSeek-V4 blocks (hyper_connection.count) is not planned")

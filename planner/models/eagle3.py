@@ -28,6 +28,7 @@ def load_arch_hparams(ml: ModelLoader, hp: HParams) -> None:
     if not ml.is_array("%s.target_layers"):
         ml.fail("EAGLE3 model requires 'extract_layers' in GGUF metadata")
     target_layer_ids = ml.get_arr_i32("%s.target_layers")
+    hp.target_layer_ids = tuple(target_layer_ids)
     if len(target_layer_ids) != 3:
         ml.fail("EAGLE3 requires exactly 3 entries in 'extract_layers'")
     n_embd_tgt = ml.get_u32("%s.target_hidden_size")

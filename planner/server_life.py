@@ -1,0 +1,161 @@
+"""What llama-server allocates after it has created its contexts: the rest of its startup
+(tools/server/server-context.cpp load_model: common_speculative_init, then the draft context's
+common_context_can_seq_rm decode) and its first request. The startup reservation (what --fit
+measures) is left as it is; this is what follows it.
+
+After the contexts exist, llama-server turns on in them what speculative decoding reads
+(common/speculative.cpp, each enabled implementation's constructor, in common_speculative_init's
+order):
+- EAGLE-3: backend top-k(10) samplers on the draft context, one per slot (llama_set_sampler, when
+  --spec-draft-backend-sampling is on, the default); the inputs of the target layers it reads
+  (llama_set_embeddings_layer_inp on the target; the layer past the last one is the target's last
+  hidden state, llama_set_embeddings_nextn unmasked); the draft's own last hidden state, masked.
+- MTP (draft-mtp, over the model's NextN block or a Gemma 4 assistant): the draft's samplers, the
+  target's last hidden state (unmasked) and the draft's (masked).
+- DFlash: the draft's samplers, the inputs of the target layers it reads, the draft's last hidden
+  state (masked).
+- draft-simple and the n-gram types: nothing.
+llama_set_sampler and llama_set_embeddings_layer_inp set sched_need_reserve: the context's next decode
+reserves its graphs again (sched_reserve builds a new scheduler: the compute buffers are freed and
+allocated anew, with the samplers' nodes, with the layer inputs kept as outputs).
+llama_set_embeddings_nextn does not; it changes what output_reserve asks for at the next decode.
+
+Then each decode calls output_reserve(n_outputs of the batch), which allocates a larger output buffer
+(freeing the old one) when the flags or the outputs ask for more than it holds:
+- the draft context: its startup decode (common_context_can_seq_rm: 2 tokens, one output, run on the
+  draft because its n_rs_seq is 0) reserves its graphs again and grows its output buffer;
+- the target: its first decode of the first request grows its output buffer (and reserves its graphs
+  again where layer inputs are extracted); a verify batch carries 1 + the drafted tokens as outputs
+  for its slot (planned with a full draft of --spec-draft-n-max tokens: a shorter one asks for less);
+- an EAGLE-3 draft encodes the target's features of each prompt chunk (llama_process ENCODE,
+  chunks of at most its n_ubatch, output_reserve(n_tokens)); a DFlash draft decodes 1 + n_max
+  outputs for its slot.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from .ggml import GGMLAbort
+from .reserve import output_reserve_size
+
+if TYPE_CHECKING:
+    from .reserve import Context
+    from .server import SpecParams
+
+
+@dataclass(frozen=True)
+class ServerLife:
+    """What decides llama-server's allocations after startup: its speculative decoding, and whether
+    every request samples on the backend (-bs, --backend-sampling: llama_set_sampler on the
+    target at each request's launch)."""
+    spec: "SpecParams"
+    target_samplers: bool = False
+
+
+@dataclass(frozen=True)
+class ContextUse:
+    """What llama-server turns on in one context after creating it (llama_context's cparams and
+    sampling.samplers)."""
+    samplers: bool = False                    # llama_set_sampler on every slot (sampling.samplers not empty)
+    embeddings_nextn: Optional[bool] = None   # llama_set_embeddings_nextn(ctx, true, masked): masked; None: off
+    layer_inp: tuple[int, ...] = ()           # llama_set_embeddings_layer_inp(ctx, il, true)
+
+    def need_reserve(self) -> bool:
+        """sched_need_reserve after llama_set_sampler / llama_set_embeddings_layer_inp."""
+        return self.samplers or bool(self.layer_inp)
+
+
+def speculative_uses(spec: "SpecParams", ctx_tgt: "Context", ctx_dft: Optional["Context"]) -> tuple[ContextUse, ContextUse]:
+    """common_speculative_init: (target, draft) after each enabled implementation's constructor.
+    The draft types need a draft context (params.draft.ctx_dft); DSpark and DFlash2 are refused
+    earlier (not planned)."""
+    tgt, dft = ContextUse(), ContextUse()
+    if ctx_dft is None:
+        return tgt, dft
+    n_layer_tgt = ctx_tgt.hparams.n_layer
+    ids = ctx_dft.hparams.target_layer_ids
+    samplers = spec.backend_sampling      # the top-k(10) chain offloads on every backend planned here
+    for t in ("draft-eagle3", "draft-mtp", "draft-dflash"):   # common_speculative_init's priority order
+        if t not in spec.types:
+            continue
+        if t == "draft-eagle3":
+            for il in ids:
+                if il > n_layer_tgt:
+                    raise GGMLAbort(f"EAGLE3: target layer id {il} exceeds target n_layer {n_layer_tgt}: llama-server "
+                                    f"aborts when it starts speculative decoding")
+            inp = tuple(il for il in ids if il < n_layer_tgt)
+            tgt = dataclasses.replace(tgt, layer_inp=tgt.layer_inp + inp,
+                                      embeddings_nextn=False if n_layer_tgt in ids else tgt.embeddings_nextn)
+        elif t == "draft-mtp":
+            tgt = dataclasses.replace(tgt, embeddings_nextn=False)
+        else:
+            for il in ids:
+                if il > n_layer_tgt:    # llama_context::set_embeddings_layer_inp
+                    raise GGMLAbort(f"DFlash: the drafter reads target layer {il} of {n_layer_tgt}: llama-server aborts "
+                                    f"when it starts speculative decoding (GGML_ASSERT(lid <= n_layer))")
+            tgt = dataclasses.replace(tgt, layer_inp=tgt.layer_inp + tuple(ids))
+        dft = dataclasses.replace(dft, samplers=dft.samplers or samplers, embeddings_nextn=True)
+    return tgt, dft
+
+
+def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: ServerLife) -> dict:
+    """The buffers that change after the startup reservation, per context ("model", "draft"):
+    the output buffer after the draft's startup decode and after the first request, and whether the
+    compute buffers are reserved again (their new size is not planned: the graphs with the
+    samplers' nodes or the extracted layer inputs are not built here)."""
+    spec = server.spec
+    tgt_use, dft_use = speculative_uses(spec, ctx_tgt, ctx_dft)
+    tgt_use = dataclasses.replace(tgt_use, samplers=server.target_samplers)
+    drafting = ctx_dft is not None and any(t in spec.types for t in ("draft-simple", "draft-eagle3", "draft-mtp",
+                                                                       "draft-dflash"))
+    out = {"model": _context_after(ctx_tgt, tgt_use, [1 + spec.n_max if drafting else 1],
+                                   "the first decode of the first request")}
+    if n_layer_inp := [il for il in tgt_use.layer_inp if il >= ctx_tgt.hparams.n_layer]:
+        # no graph records the input of layer n_layer: llm_graph_result::set_outputs asserts
+        out["model"]["first_request_aborts"] = (f"the target's graph has no input of layer {n_layer_inp[0]} "
+                                                f"(GGML_ASSERT: layer input tensor is null)")
+    if ctx_dft is not None:
+        n_outputs = 1
+        if "draft-eagle3" in spec.types:
+            # the encoder pass over each prompt chunk: output_reserve(n_tokens), n_tokens <= n_ubatch
+            n_outputs = min(ctx_dft.cparams.n_ubatch, ctx_tgt.cparams.n_batch)
+        elif "draft-dflash" in spec.types:
+            n_outputs = 1 + spec.n_max
+        # the startup decode (one output), then the first request
+        out["draft"] = _context_after(ctx_dft, dft_use, [1, n_outputs], "its startup decode (common_context_can_seq_rm)")
+        if "draft-eagle3" in spec.types:
+            out["draft"]["note"] = ("the encoder pass reserves outputs for each prompt chunk: planned for a prompt "
+                                    f"of at least {n_outputs} tokens; a shorter prompt asks for fewer")
+    return out
+
+
+def output_after(ctx: "Context", use: ContextUse, decodes: list[int]) -> list[int]:
+    """The output buffer's size after construction and after each decode of decodes (its outputs):
+    output_reserve allocates anew only when the buffer holds less than the decode asks for."""
+    buft = ctx.devices.output_buft
+    sizes = [buft.buffer_size(ctx.output_buffer_size)]
+    for n_outputs in decodes:
+        new = output_reserve_size(ctx.hparams, ctx.cparams, n_outputs, use.embeddings_nextn, use.layer_inp,
+                                  use.samplers)
+        sizes.append(buft.buffer_size(new) if sizes[-1] < new else sizes[-1])
+    return sizes
+
+
+def _context_after(ctx: "Context", use: ContextUse, decodes: list[int], when: str) -> dict:
+    reasons = []
+    if use.samplers:
+        reasons.append("backend samplers (llama_set_sampler)")
+    if use.layer_inp:
+        reasons.append(f"the inputs of layers {', '.join(map(str, sorted(set(use.layer_inp))))} kept as outputs "
+                       f"(llama_set_embeddings_layer_inp)")
+    sizes = output_after(ctx, use, decodes)
+    name = ctx.devices.output_buft.name
+    return {"output_buffers": {name: sizes[-1]}, "output_history": sizes, "n_outputs": decodes,
+            "n_outputs_reserved": max(max(decodes), ctx.cparams.n_seq_max),
+            "embeddings_nextn": None if use.embeddings_nextn is None else
+            ("masked" if use.embeddings_nextn else "unmasked"),
+            "layer_inp": sorted(set(use.layer_inp)), "samplers": use.samplers,
+            "compute_reserved_again": f"at {when}, with " + " and ".join(reasons) + ": size not planned"
+            if use.need_reserve() else None}

@@ -3,8 +3,9 @@ seen by an LD_PRELOAD library (buffer_log.c) that wraps ggml_backend_buft_alloc_
 ggml_backend_dev_buffer_from_host_ptr and ggml_backend_buffer_free and attributes each buffer to
 the llama API call it happened in (loading a model, creating context N, a decode on context N).
 
-    events = serve(binary, args, requests=[{"prompt": "hi", "n_predict": 4}])
-    history(events)           # the buffers, with the phase each appeared in
+    life = serve(binary, args, requests=[{"prompt": "hi", "n_predict": 4}], library=build_buffer_log(...))
+    live_buffers(life.events, life.listening)   # what it holds once it listens
+    live_buffers(life.events, life.served)      # ... and after the requests, before it shuts down
 
 serve starts llama-server (the args as given, plus --host/--port), waits until it listens, sends
 each request to /completion in turn, then stops it (SIGTERM) and returns the events it logged.
@@ -83,9 +84,18 @@ def parse(text: str) -> list[Event]:
     return out
 
 
+@dataclasses.dataclass
+class ServerLife:
+    events: list[Event]
+    log: str                    # llama-server's own log
+    responses: list[dict]       # /completion's answers; a request the server died on: {"error": ...}
+    listening: int              # the last event's seq when llama-server listened (-1: none yet)
+    served: int                 # the last event's seq before it began to shut down
+
+
 def serve(binary: Path, args: list[str], requests: list[dict], *, library: Path, env: Optional[dict] = None,
-          timeout: float = 300) -> tuple[list[Event], str, list[dict]]:
-    """Run llama-server with the buffer log: (events, its log, the responses to the requests)."""
+          timeout: float = 300) -> ServerLife:
+    """Run llama-server with the buffer log, send the requests, stop it."""
     with tempfile.TemporaryDirectory() as tmp:
         events_path, log_path = Path(tmp) / "buffers.tsv", Path(tmp) / "server.log"
         run_env = dict(os.environ if env is None else env, LD_PRELOAD=str(library),
@@ -96,16 +106,27 @@ def serve(binary: Path, args: list[str], requests: list[dict], *, library: Path,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=run_env)
             try:
                 port = _wait_listening(proc, log_path, timeout)
+                listening = _last_seq(events_path)
                 if port is not None:
                     for request in requests:
-                        responses.append(_post(port, "/completion", request, timeout))
+                        try:
+                            responses.append(_post(port, "/completion", request, timeout))
+                        except OSError as e:      # the server died on it (an abort)
+                            responses.append({"error": str(e)})
+                            break
+                served = _last_seq(events_path)
             finally:
                 _stop(proc)
         text = log_path.read_text(errors="replace")
         events = parse(events_path.read_text()) if events_path.exists() else []
     if port is None:
         raise RunError("llama-server did not start: " + "\n".join(text.splitlines()[-20:]))
-    return events, text, responses
+    return ServerLife(events, text, responses, listening, served)
+
+
+def _last_seq(path: Path) -> int:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return int(lines[-1].split("\t", 1)[0]) if lines else -1
 
 
 def _wait_listening(proc: subprocess.Popen, log_path: Path, timeout: float) -> Optional[int]:

@@ -75,7 +75,7 @@ PLANNED = {"-c", "--kv-unified-per-slot", "-b", "-ub", "--swa-full", "-kvu", "-f
            "--spec-ngram-mod-n-max", "--spec-ngram-simple-size-m", "--spec-ngram-map-k-size-m",
            "--spec-ngram-map-k4v-size-m", "--spec-default", "--embedding", "--rerank", "--pooling", "--override-kv",
            "--lora", "--lora-scaled", "--lora-init-without-apply", "--control-vector", "--control-vector-scaled",
-           "--control-vector-layer-range", "-bs", "--spec-draft-backend-sampling"}
+           "--control-vector-layer-range", "--spec-draft-backend-sampling"}
 # the n-gram types' draft lengths (common_speculative_n_max reads them): the option and its bounds
 NGRAM_N_MAX_OPTIONS = {"--spec-ngram-mod-n-max": ("ngram-mod", 0, "ngram n-max"),
                        "--spec-ngram-simple-size-m": ("ngram-simple", 1, "ngram size M"),
@@ -87,6 +87,8 @@ REFUSED = {
     "-h": "prints the usage and exits", "--version": "prints its version and exits",
     "-cl": "lists the cached models and exits", "--completion-bash": "prints a completion script and exits",
     "--list-devices": "lists the devices and exits (see `schedplan devices`)",
+    "-bs": ("samples on the backend (--backend-sampling): common_init_result gives the context a sampler per slot "
+            "at creation, whose graph nodes and output buffer schedplan does not plan yet"),
     "--spec-draft-device": "places the draft model on devices of its own (-devd), which schedplan does not plan yet",
     "-dr": "loads a model from a Docker registry: give it with -m or -hf",
     "--embd-gemma-default": "sets a model and its flags in its handler: give them instead",
@@ -375,7 +377,6 @@ class ServerParams:
     draft_overrides: list[tuple[str, str]] = field(default_factory=list)
     draft_n_max: int = 3
     draft_backend_sampling: bool = True     # --spec-draft-backend-sampling (common.h: on)
-    backend_sampling: bool = False          # -bs: every request samples on the backend
     spec_types: list[str] = field(default_factory=lambda: ["none"])
     embedding: bool = False               # --embedding, --rerank
     pooling_type: str = "unspecified"     # --pooling, --rerank (rank)
@@ -559,8 +560,6 @@ def apply(p: ServerParams, e: Event) -> None:
         p.draft_n_max = n
     elif key == "--spec-draft-backend-sampling":
         p.draft_backend_sampling = v == "1"
-    elif key == "-bs":
-        p.backend_sampling = True
     elif key == "--spec-type":
         from ..planner.server import spec_types_from_names
         try:

@@ -144,7 +144,7 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
         raise BadDevices(job.error)
     params, draft, _ = prepare(job)
     parsed = ls.parse(argv).params
-    server = ServerLife(draft_types_from_gguf(job.spec or SpecParams(), params.header_cache), parsed.backend_sampling)
+    server = ServerLife(draft_types_from_gguf(job.spec or SpecParams(), params.header_cache))
     if not parsed.fit:
         return job.model, params, job.margins, job.mmproj, draft, server
     try:

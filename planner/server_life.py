@@ -47,11 +47,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ServerLife:
-    """What decides llama-server's allocations after startup: its speculative decoding, and whether
-    every request samples on the backend (-bs, --backend-sampling: llama_set_sampler on the
-    target at each request's launch)."""
+    """What decides llama-server's allocations after startup: its speculative decoding. (A request
+    that asks for backend_sampling gives the target a sampler for its slot (llama_set_sampler): its
+    output buffer grows and its graphs are reserved again; not planned, a request's choice. -bs,
+    which gives every slot one at the context's creation, is refused: its startup reservation
+    holds the samplers' nodes.)"""
     spec: "SpecParams"
-    target_samplers: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,9 @@ def speculative_uses(spec: "SpecParams", ctx_tgt: "Context", ctx_dft: Optional["
         return tgt, dft
     n_layer_tgt = ctx_tgt.hparams.n_layer
     ids = ctx_dft.hparams.target_layer_ids
-    samplers = spec.backend_sampling      # the top-k(10) chain offloads on every backend planned here
+    # llama_set_sampler offloads the top-k(10) chain where the output device supports its ops
+    # (llama_sampler_backend_support: the CPU always); planned as offloaded
+    samplers = spec.backend_sampling
     for t in ("draft-eagle3", "draft-mtp", "draft-dflash"):   # common_speculative_init's priority order
         if t not in spec.types:
             continue
@@ -107,7 +110,6 @@ def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: Serv
     samplers' nodes or the extracted layer inputs are not built here)."""
     spec = server.spec
     tgt_use, dft_use = speculative_uses(spec, ctx_tgt, ctx_dft)
-    tgt_use = dataclasses.replace(tgt_use, samplers=server.target_samplers)
     drafting = ctx_dft is not None and any(t in spec.types for t in ("draft-simple", "draft-eagle3", "draft-mtp",
                                                                        "draft-dflash"))
     out = {"model": _context_after(ctx_tgt, tgt_use, [1 + spec.n_max if drafting else 1],

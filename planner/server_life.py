@@ -112,8 +112,14 @@ def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: Serv
     tgt_use, dft_use = speculative_uses(spec, ctx_tgt, ctx_dft)
     drafting = ctx_dft is not None and any(t in spec.types for t in ("draft-simple", "draft-eagle3", "draft-mtp",
                                                                        "draft-dflash"))
-    out = {"model": _context_after(ctx_tgt, tgt_use, [1 + spec.n_max if drafting else 1],
-                                   "the first decode of the first request")}
+    # a batch keeps one output per slot, 1 + the drafted tokens for a slot verifying a draft; with
+    # embeddings every token of a batch is an output (server_output_limits: n_outputs_max = n_batch)
+    embeddings = ctx_tgt.cparams.embeddings
+    n_outputs = ctx_tgt.cparams.n_outputs_max if embeddings else 1 + spec.n_max if drafting else 1
+    out = {"model": _context_after(ctx_tgt, tgt_use, [n_outputs], "the first decode of the first request")}
+    if embeddings:
+        out["model"]["note"] = (f"every token of a batch is an output: planned for a prompt of at least {n_outputs} "
+                                f"tokens; a shorter prompt asks for fewer")
     if n_layer_inp := [il for il in tgt_use.layer_inp if il >= ctx_tgt.hparams.n_layer]:
         # no graph records the input of layer n_layer: llm_graph_result::set_outputs asserts
         out["model"]["first_request_aborts"] = (f"the target's graph has no input of layer {n_layer_inp[0]} "

@@ -444,4 +444,8 @@ def render(report: dict) -> str:
         verdict = "fits" if ram["fits"] else "does NOT fit (llama.cpp's fit does not check the host's RAM)"
         out.append(f"host RAM: the CPU part needs {ram['needed'] // MiB} MiB of {ram['available'] // MiB} MiB "
                    f"available: {verdict}")
+    if "after_startup" in report:
+        from .reserve import after_startup_section
+        a = report["after_startup"]
+        out += ["", f"after startup: not planned: {a['error']}" if "error" in a else after_startup_section(a)]
     return "\n".join(out)

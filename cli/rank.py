@@ -92,8 +92,18 @@ def fit_job(job: Job) -> FittedJob:
     result.log[:0] = log
     loaded = None
     if job.as_server:
-        from ..planner.server import loaded_with
+        from ..planner.server import SpecParams, draft_after_fit, draft_types_from_gguf, loaded_with
+        from ..planner.ggml import GGMLAbort
+        from ..planner.hparams import UnsupportedModel
+        from ..planner.server_life import ServerLife, plan_after_startup
         loaded = loaded_with(job.model, result.params)
+        if result.status == 0:    # what the fitted llama-server allocates after its startup reservation
+            spec = draft_types_from_gguf(job.spec or SpecParams(), params.header_cache)
+            draft = draft_after_fit(extra, result.params) if extra is not None else None
+            try:
+                loaded["after_startup"] = plan_after_startup(job.model, result.params, draft, ServerLife(spec))
+            except (NotImplementedError, UnsupportedModel, GGMLAbort) as e:   # reserve refuses these in one line
+                loaded["after_startup"] = {"error": one_line(str(e))}
     return FittedJob(result, mmproj_plan, loaded)
 
 

@@ -126,7 +126,7 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
     draft; the MTP context is created over the fitted model, with the fitted context parameters
     (common_fit_params measured it with the parameters as they were before fitting)."""
     from . import llama_server as ls
-    from ..planner.server import SpecParams, draft_types_from_gguf
+    from ..planner.server import SpecParams, draft_after_fit, draft_types_from_gguf
     from ..planner.server_life import ServerLife
     from .fit import given_options, server_jobs
     from .rank import fit_job, prepare
@@ -154,14 +154,8 @@ def server_plan(argv0: str, argv: list[str], declared: Params):
     if result.status != 0:
         raise BadDevices(f"llama-server's --fit would fail ({result.message}); llama-server then loads the flags as "
                          f"given: add -fit off to plan those")
-    if draft is not None and draft.shares_model:
-        d = draft.params
-        draft = dataclasses.replace(draft, params=dataclasses.replace(
-            result.params, type_k=d.type_k, type_v=d.type_v, n_outputs_max=d.n_outputs_max, ctx_type=d.ctx_type,
-            n_rs_seq=d.n_rs_seq, embeddings=d.embeddings, pooling_type=d.pooling_type))
-    elif draft is not None:
-        draft = dataclasses.replace(draft, params=dataclasses.replace(draft.params,
-                                                                      tensor_split=result.params.tensor_split))
+    if draft is not None:
+        draft = draft_after_fit(draft, result.params)
     return job.model, result.params, job.margins, job.mmproj, draft, server
 
 
@@ -185,18 +179,17 @@ def render(result: dict) -> str:
                  if d.get("shares_model") else "draft model, its context created after the model's:")
         out += ["", title, _params_line(d), "", buffers_table(d), "", graphs_table(d)]
     if "after_startup" in result:
-        out += ["", after_startup_section(result)]
+        out += ["", after_startup_section(result["after_startup"])]
     return "\n".join(out)
 
 
-def after_startup_section(result: dict) -> str:
-    """What llama-server allocates after the startup reservation above (planner/server_life.py):
-    per context, the output buffer after the draft's startup decode and the first request, and the
-    compute buffers it reserves again; then the peak against the startup total."""
-    a = result["after_startup"]
+def after_startup_section(a: dict) -> str:
+    """What llama-server allocates after the startup reservation (planner/server_life.py): per
+    context, the output buffer after the draft's startup decode and the first request, and the
+    compute buffers it reserves again; then the growth over the startup reservation."""
     out = ["after startup (llama-server: speculative decoding set up, the draft's startup decode, the first request):"]
     grown = 0
-    for role, section in (("model", result), ("draft", result.get("draft"))):
+    for role in ("model", "draft"):
         if role not in a:
             continue
         c = a[role]
@@ -216,7 +209,7 @@ def after_startup_section(result: dict) -> str:
         if c.get("first_request_aborts"):
             out.append(f"  {role}: llama-server aborts at the first request: {c['first_request_aborts']}")
     unplanned = any(a[r]["compute_reserved_again"] for r in a)
-    out.append(f"  output buffers grow by {mib(grown)} MiB ({grown:,} bytes) over the startup reservation"
+    out.append(f"  output buffers (host memory) grow by {mib(grown)} MiB ({grown:,} bytes) over the startup reservation"
                + ("; the compute buffers reserved again are not planned" if unplanned else
                   "; no compute buffer is reserved again"))
     return "\n".join(out)

@@ -108,6 +108,20 @@ def speculative_params(model_path: str, params: Params, spec: SpecParams) -> tup
     return params, ExtraModel(spec.draft_path, dft, shares_model=False)
 
 
+def draft_after_fit(draft: ExtraModel, fitted: Params) -> ExtraModel:
+    """The draft llama-server creates after --fit: a draft model takes the fitted tensor split
+    (common_fit_params writes it into common_params::tensor_split, which
+    common_base_params_to_speculative copies); the MTP context over the model's own NextN block is
+    created over the fitted model with the fitted context parameters (common_fit_params measured it
+    with the parameters as they were before fitting)."""
+    d = draft.params
+    if draft.shares_model:
+        return dataclasses.replace(draft, params=dataclasses.replace(
+            fitted, type_k=d.type_k, type_v=d.type_v, n_outputs_max=d.n_outputs_max, ctx_type=d.ctx_type,
+            n_rs_seq=d.n_rs_seq, embeddings=d.embeddings, pooling_type=d.pooling_type))
+    return dataclasses.replace(draft, params=dataclasses.replace(d, tensor_split=fitted.tensor_split))
+
+
 def draft_types_from_gguf(spec: SpecParams, header_cache: bool = True) -> SpecParams:
     """common_speculative_types_from_gguf, when no --spec-type is given: a draft GGUF whose last
     block has a NextN eh_proj is an MTP head (draft-mtp), a "dflash" one a DFlash/DSpark drafter;

@@ -41,6 +41,8 @@ from .ggml import GGMLAbort
 from .reserve import output_reserve_size
 
 if TYPE_CHECKING:
+    from .fit import ExtraModel
+    from .params import Params
     from .reserve import Context
     from .server import SpecParams
 
@@ -167,3 +169,15 @@ def _context_after(ctx: "Context", use: ContextUse, decodes: list[int], when: st
             "layer_inp": sorted(set(use.layer_inp)), "samplers": use.samplers,
             "compute_reserved_again": f"at {when}, with " + " and ".join(reasons) + ": size not planned"
             if use.need_reserve() else None}
+
+
+def plan_after_startup(model_path: str, params: "Params", draft: Optional["ExtraModel"], server: ServerLife) -> dict:
+    """after_startup of llama-server's contexts as created with these parameters (after --fit: the
+    fitted ones, the draft's from draft_after_fit): the contexts are created, not reserved (what
+    follows the startup reservation does not depend on its compute buffers)."""
+    from .reserve import create_context
+    ctx = create_context(model_path, params)
+    ctx_dft = None
+    if draft is not None:
+        ctx_dft = create_context(draft.path, dataclasses.replace(draft.params, n_ctx=ctx.cparams.n_ctx), ctx_other=ctx)
+    return after_startup(ctx, ctx_dft, server)

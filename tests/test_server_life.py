@@ -172,3 +172,17 @@ def test_after_startup_equals_llama_servers_buffers(name, args, expect):
     # nothing else is allocated once the contexts exist: output buffers, and compute buffers where said
     after_created = [e for e in life.events if e.event == "alloc" and "." in e.scope and e.seq <= life.served]
     assert {e.owner for e in after_created} <= {"output", "compute"}
+
+
+def test_fit_shows_what_the_fitted_server_allocates_after_startup():
+    """fit -- llama-server: the same after_startup as reserve plans for the fitted command."""
+    from schedplan.cli.fit import fit
+    args = ["-m", str(model_path("tiny-llama")), "-md", str(model_path("tiny-eagle3-shared")), "--spec-type",
+            "draft-eagle3", "-c", "4096"]
+    res = CliRunner().invoke(fit, ["--device", "cuda:64MiB:cc=8.9", "--json", "--", "llama-server", *args])
+    assert res.exit_code == 0, res.output
+    fitted = json.loads(res.stdout)
+    res = CliRunner().invoke(reserve, ["--device", "cuda:64MiB:cc=8.9", "--json", "--", "llama-server", *args])
+    assert res.exit_code == 0, res.output
+    assert fitted["after_startup"] == json.loads(res.stdout)["after_startup"]
+    assert fitted["after_startup"]["model"]["output_history"][-1] == 4210688

@@ -12,8 +12,8 @@ order):
   hidden state, llama_set_embeddings_nextn unmasked); the draft's own last hidden state, masked.
 - MTP (draft-mtp, over the model's NextN block or a Gemma 4 assistant): the draft's samplers, the
   target's last hidden state (unmasked) and the draft's (masked).
-- DFlash: the draft's samplers, the inputs of the target layers it reads, the draft's last hidden
-  state (masked).
+- DFlash and DSpark: the draft's samplers, the inputs of the target layers it reads, the draft's
+  last hidden state (masked); a DFlash2 drafter (a selector) no samplers and its state unmasked.
 - draft-simple and the n-gram types: nothing.
 llama_set_sampler and llama_set_embeddings_layer_inp set sched_need_reserve: the context's next decode
 reserves its graphs again (sched_reserve builds a new scheduler: the compute buffers are freed and
@@ -82,7 +82,8 @@ def speculative_uses(spec: "SpecParams", ctx_tgt: "Context", ctx_dft: Optional["
     # llama_set_sampler offloads the top-k(10) chain where the output device supports its ops
     # (llama_sampler_backend_support: the CPU always); planned as offloaded
     samplers = spec.backend_sampling
-    for t in ("draft-eagle3", "draft-mtp", "draft-dflash"):   # common_speculative_init's priority order
+    dflash2 = ctx_dft.hparams.dflash_selector_top_k > 0
+    for t in ("draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"):   # common_speculative_init's order
         if t not in spec.types:
             continue
         if t == "draft-eagle3":
@@ -101,6 +102,10 @@ def speculative_uses(spec: "SpecParams", ctx_tgt: "Context", ctx_dft: Optional["
                     raise GGMLAbort(f"DFlash: the drafter reads target layer {il} of {n_layer_tgt}: llama-server aborts "
                                     f"when it starts speculative decoding (GGML_ASSERT(lid <= n_layer))")
             tgt = dataclasses.replace(tgt, layer_inp=tgt.layer_inp + tuple(ids))
+            # DFlash2 samples from its selector's lattice (h_nextn, unmasked): no backend samplers
+            dft = dataclasses.replace(dft, samplers=dft.samplers or (samplers and not dflash2),
+                                      embeddings_nextn=not dflash2)
+            continue
         dft = dataclasses.replace(dft, samplers=dft.samplers or samplers, embeddings_nextn=True)
     return tgt, dft
 
@@ -113,7 +118,7 @@ def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: Serv
     spec = server.spec
     tgt_use, dft_use = speculative_uses(spec, ctx_tgt, ctx_dft)
     drafting = ctx_dft is not None and any(t in spec.types for t in ("draft-simple", "draft-eagle3", "draft-mtp",
-                                                                       "draft-dflash"))
+                                                                       "draft-dflash", "draft-dspark"))
     # a batch keeps one output per slot, 1 + the drafted tokens for a slot verifying a draft; with
     # embeddings every token of a batch is an output (server_output_limits: n_outputs_max = n_batch)
     embeddings = ctx_tgt.cparams.embeddings
@@ -131,8 +136,8 @@ def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: Serv
         if "draft-eagle3" in spec.types:
             # the encoder pass over each prompt chunk: output_reserve(n_tokens), n_tokens <= n_ubatch
             n_outputs = min(ctx_dft.cparams.n_ubatch, ctx_tgt.cparams.n_batch)
-        elif "draft-dflash" in spec.types:
-            n_outputs = 1 + spec.n_max
+        elif "draft-dflash" in spec.types or "draft-dspark" in spec.types:
+            n_outputs = 1 + spec.n_max      # a block: the anchor and n_max masks
         # the startup decode (one output), then the first request
         out["draft"] = _context_after(ctx_dft, dft_use, [1, n_outputs], "its startup decode (common_context_can_seq_rm)")
         if "draft-eagle3" in spec.types:

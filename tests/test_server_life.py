@@ -72,6 +72,17 @@ def test_a_dflash_reading_the_layer_past_the_last_aborts_at_the_first_request():
     assert "layer 2" in a["model"]["first_request_aborts"]
 
 
+def test_dflash2_and_dspark_set_up_their_draft_as_dflash_does():
+    """common_speculative_impl_draft_dflash: DSpark as DFlash (samplers, last hidden state masked);
+    DFlash2 (a selector) without samplers, its lattice unmasked; both read the target's layer inputs."""
+    tgt = create_context(str(model_path("tiny-qwen3")), Params(n_ctx=4096))
+    for name, spec_type, samplers, masked in (("tiny-dspark", "draft-dspark", True, True),
+                                              ("tiny-dflash2", "draft-dflash", False, False)):
+        dft = create_context(str(model_path(name)), Params(n_ctx=4096), ctx_other=tgt)
+        t, d = speculative_uses(SpecParams(types=(spec_type,)), tgt, dft)
+        assert (t.layer_inp, d.samplers, d.embeddings_nextn) == ((1, 2), samplers, masked), name
+
+
 def test_the_mtp_context_is_listed_beside_the_model():
     """--spec-type draft-mtp without -md: the MTP context over the model's NextN block, without
     weights of its own."""
@@ -112,6 +123,8 @@ LIVE = [
                                       "--no-spec-draft-backend-sampling"], {}),
     ("draft-simple", ["-m", "tiny-qwen3", "-md", "tiny-qwen3", "--spec-type", "draft-simple"], {}),
     ("dflash aborts", ["-m", "tiny-qwen3", "-md", "tiny-dflash"], {"aborts": True}),
+    ("dflash2 aborts", ["-m", "tiny-qwen3", "-md", "tiny-dflash2"], {"aborts": True}),
+    ("dspark aborts", ["-m", "tiny-qwen3", "-md", "tiny-dspark"], {"aborts": True}),
 ]
 
 

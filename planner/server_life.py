@@ -47,6 +47,16 @@ if TYPE_CHECKING:
     from .server import SpecParams
 
 
+# The targets whose graph records the input of each layer (res->t_layer_inp[il] = ... in
+# src/models/<arch>.cpp), which llm_graph_result::set_outputs asserts for every extracted layer
+# (GGML_ASSERT: layer input tensor is null); these three record the input of layer n_layer too
+# (the last layer's output: extract_final_inp)
+LAYER_INP_ARCHS = {"llama", "llama-embed", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp",
+                   "gemma4", "muse-glimmer", "deepseek4", "nemotron_h", "bailingmoe3", "hunyuan_vl", "gpt-oss", "lfm2",
+                   "minimax-01", "minimax-m2", "mimo2", "nanbeige"}
+FINAL_LAYER_INP_ARCHS = {"deepseek4", "mimo2", "nemotron_h"}
+
+
 @dataclass(frozen=True)
 class ServerLife:
     """What decides llama-server's allocations after startup: its speculative decoding. (A request
@@ -127,10 +137,13 @@ def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: Serv
     if embeddings:
         out["model"]["note"] = (f"every token of a batch is an output: planned for a prompt of at least {n_outputs} "
                                 f"tokens; a shorter prompt asks for fewer")
-    if n_layer_inp := [il for il in tgt_use.layer_inp if il >= ctx_tgt.hparams.n_layer]:
-        # no graph records the input of layer n_layer: llm_graph_result::set_outputs asserts
-        out["model"]["first_request_aborts"] = (f"the target's graph has no input of layer {n_layer_inp[0]} "
-                                                f"(GGML_ASSERT: layer input tensor is null)")
+    arch, n_layer = ctx_tgt.hparams.arch, ctx_tgt.hparams.n_layer
+    missing = [il for il in tgt_use.layer_inp if arch not in LAYER_INP_ARCHS
+               or (il == n_layer and arch not in FINAL_LAYER_INP_ARCHS)]
+    if missing:
+        out["model"]["first_request_aborts"] = (f"the {arch} target's graph does not record the input of layer "
+                                                f"{missing[0]} the drafter reads (GGML_ASSERT: layer input tensor "
+                                                f"is null)")
     if ctx_dft is not None:
         n_outputs = 1
         if "draft-eagle3" in spec.types:

@@ -23,8 +23,8 @@ from schedplan.planner.server import SpecParams  # noqa: E402
 from schedplan.planner.server_life import ServerLife, after_startup, speculative_uses  # noqa: E402
 
 
-def plan(args: list[str]) -> dict:
-    res = CliRunner().invoke(reserve, ["--device", "none", "--json", "--", "llama-server", *args])
+def plan(args: list[str], devices: tuple[str, ...] = ("--device", "none")) -> dict:
+    res = CliRunner().invoke(reserve, [*devices, "--json", "--", "llama-server", *args])
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
@@ -125,6 +125,9 @@ LIVE = [
     ("dflash aborts", ["-m", "tiny-qwen3", "-md", "tiny-dflash"], {"aborts": True}),
     ("dflash2 aborts", ["-m", "tiny-qwen3", "-md", "tiny-dflash2"], {"aborts": True}),
     ("dspark aborts", ["-m", "tiny-qwen3", "-md", "tiny-dspark"], {"aborts": True}),
+    # lavapipe: the draft's samplers offload to Vulkan0 (llama_sampler_backend_support), the output
+    # buffers in Vulkan_Host (32 bytes over)
+    ("qwen35 mtp on vulkan", ["-m", "tiny-qwen35-mtp", "--spec-type", "draft-mtp", "-ngl", "99"], {"vulkan": True}),
 ]
 
 
@@ -146,18 +149,27 @@ def _by_owner(alive, ctx: str) -> dict[str, int]:
 
 @pytest.mark.live
 @pytest.mark.parametrize("name,args,expect", LIVE, ids=[c[0] for c in LIVE])
-def test_after_startup_equals_llama_servers_buffers(name, args, expect):
+def test_after_startup_equals_llama_servers_buffers(name, args, expect, request):
+    import os
+
+    from fixtures.golden import lavapipe_flags
     from fixtures.llama_build import bin_dir, source
     from schedplan.backends.server_life import build_buffer_log, live_buffers, serve
 
     binary = bin_dir() / "llama-server"
     if not binary.exists():
         pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
+    env = dict(os.environ)
+    env.pop("GGML_VK_VISIBLE_DEVICES", None)       # without it ggml skips lavapipe: the CPU alone
+    devices: tuple[str, ...] = ("--device", "none")
+    if expect.get("vulkan"):
+        request.getfixturevalue("vulkan_device")
+        env["GGML_VK_VISIBLE_DEVICES"], devices = "0", tuple(lavapipe_flags(1))
     argv = _args(args)
-    r = plan(argv)
+    r = plan(argv, devices)
     library = build_buffer_log([source() / "include", source() / "ggml" / "include"])
     requests = [{"prompt": LONG_PROMPT, "n_predict": 16}, {"prompt": "Hello there", "n_predict": 8, "n_probs": 5}]
-    life = serve(binary, argv, requests, library=library)
+    life = serve(binary, argv, requests, library=library, env=env)
     if expect.get("aborts"):
         assert r["after_startup"]["model"]["first_request_aborts"]
         assert "error" in life.responses[0] and "layer input tensor is null" in life.log

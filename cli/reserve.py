@@ -203,15 +203,16 @@ def after_startup_section(a: dict) -> str:
                    f"({c['output_history'][-1]:,} bytes, for {c['n_outputs_reserved']} outputs)")
         grown += c["output_history"][-1] - c["output_history"][0]
         if c["compute_reserved_again"]:
-            out.append(f"  {role}: compute buffers reserved again {c['compute_reserved_again']}")
+            sizes = ", ".join(f"{buft} {mib(size)} MiB ({size:,} bytes)" for buft, size in c.get("compute_buffers", {}).items())
+            out.append(f"  {role}: compute buffers reserved again {c['compute_reserved_again']}"
+                       + (f": {sizes}" if sizes else ""))
         if c.get("note"):
             out.append(f"  {role}: {c['note']}")
         if c.get("first_request_aborts"):
             out.append(f"  {role}: llama-server aborts at the first request: {c['first_request_aborts']}")
-    unplanned = any(a[r]["compute_reserved_again"] for r in a)
+    unplanned = any(a[r]["compute_reserved_again"] and "compute_buffers" not in a[r] for r in a)
     out.append(f"  output buffers (host memory) grow by {mib(grown)} MiB ({grown:,} bytes) over the startup reservation"
-               + ("; the compute buffers reserved again are not planned" if unplanned else
-                  "; no compute buffer is reserved again"))
+               + ("; some compute buffers reserved again are not planned" if unplanned else ""))
     return "\n".join(out)
 
 

@@ -45,6 +45,9 @@ class CParams:
     mtp: bool = False       # LLAMA_CONTEXT_TYPE_MTP: the NextN draft head's context
     embeddings: bool = False
     pooling_type: int = LLAMA_POOLING_TYPE_NONE
+    # llama_set_embeddings_layer_inp: the layers whose input a drafter reads (llama-server sets them
+    # after the context's creation; planner/server_life.py)
+    embeddings_layer_inp: tuple[int, ...] = ()
 
 
 def pad_u32(x: int, n: int) -> int:

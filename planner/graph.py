@@ -185,6 +185,7 @@ class GraphContext:
     t_embd_pooled: Optional[Tensor] = None
     t_inp_embd: Optional[Tensor] = None  # res->t_inp_embd: the input rows (n_embd of each when n_embd_inp is wider)
     t_h_nextn: Optional[Tensor] = None   # the last hidden state, kept for multi-token prediction
+    t_layer_inp: dict[int, Tensor] = field(default_factory=dict)   # res->t_layer_inp: each layer's input
     t_inp_tokens: Optional[Tensor] = None  # res->t_inp_tokens
     model_other: Optional[Model] = None  # llama_get_model(cparams.ctx_other): the target a draft head reads
     fused_nodes: list[tuple[str, Tensor, int]] = field(default_factory=list)   # res->add_fused_node: (op, node, il)
@@ -1242,6 +1243,11 @@ class GraphContext:
         for t in (self.t_logits, self.t_embd, self.t_embd_pooled, self.t_h_nextn):
             if t is not None:
                 t.set_output()
+        for il in sorted(set(self.cparams.embeddings_layer_inp)):
+            if il not in self.t_layer_inp:
+                raise GGMLAbort(f"the graph does not record the input of layer {il} (GGML_ASSERT: layer input "
+                                f"tensor is null)")
+            self.t_layer_inp[il].set_output()
 
 
 def c_reciprocal(x: float) -> float:

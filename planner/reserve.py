@@ -676,7 +676,7 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
             result["draft"]["shares_model"] = True
     if server is not None:
         from .server_life import after_startup
-        result["after_startup"] = after_startup(ctx, ctx_dft, server)
+        result["after_startup"] = after_startup(ctx, ctx_dft, server, params)
     if ctx.devices.model_devices() and all(b.memory is not None for b in ctx.devices.model_devices()):
         result["device_memory"] = device_memory_verdict(ctx, margins, projector, ctx_dft,
                                                         draft is not None and draft.shares_model)
@@ -700,11 +700,15 @@ def reserve_draft(ctx_tgt: Context, draft: "ExtraModel") -> tuple[Context, dict[
     return ctx, sched_reserve(ctx)
 
 
+def compute_buffers(ctx: Context) -> dict[str, int]:
+    """A reserved context's compute buffers per buffer type."""
+    return _buffer_sizes(ctx, [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))])
+
+
 def context_sections(ctx: Context, stats: dict[str, GraphStats]) -> dict:
     """A reserved context's model, effective parameters, graphs and buffers per buffer type."""
     return {"model": model_summary(ctx), "params": effective_params(ctx),
-            "compute_buffers": _buffer_sizes(ctx, [ctx.sched.get_vbuffer_size(i)
-                                                   for i in range(len(ctx.devices.backends))]),
+            "compute_buffers": compute_buffers(ctx),
             "graphs": {name: {k: v for k, v in vars(s).items() if k not in ("split_list", "peaks")}
                        for name, s in stats.items()},
             "kv_buffers": memory_breakdown(ctx),

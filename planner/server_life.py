@@ -55,6 +55,9 @@ LAYER_INP_ARCHS = {"llama", "llama-embed", "qwen3", "qwen3moe", "qwen3next", "qw
                    "gemma4", "muse-glimmer", "deepseek4", "nemotron_h", "bailingmoe3", "hunyuan_vl", "gpt-oss", "lfm2",
                    "minimax-01", "minimax-m2", "mimo2", "nanbeige"}
 FINAL_LAYER_INP_ARCHS = {"deepseek4", "mimo2", "nemotron_h"}
+# those whose graph module here records them too: their graphs with the layer inputs kept as
+# outputs are planned (the others' reserved-again compute buffers are not)
+PLANNED_LAYER_INP_ARCHS = {"llama", "llama-embed", "qwen3", "qwen3moe"}
 
 
 @dataclass(frozen=True)
@@ -120,11 +123,13 @@ def speculative_uses(spec: "SpecParams", ctx_tgt: "Context", ctx_dft: Optional["
     return tgt, dft
 
 
-def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: ServerLife) -> dict:
+def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: ServerLife,
+                  params: Optional["Params"] = None) -> dict:
     """The buffers that change after the startup reservation, per context ("model", "draft"):
     the output buffer after the draft's startup decode and after the first request, and whether the
     compute buffers are reserved again (their new size is not planned: the graphs with the
-    samplers' nodes or the extracted layer inputs are not built here)."""
+    samplers' nodes are not built here; the target's graphs with its layer inputs kept as outputs
+    are, for the architectures whose graphs record them here, given the target's params)."""
     spec = server.spec
     tgt_use, dft_use = speculative_uses(spec, ctx_tgt, ctx_dft)
     drafting = ctx_dft is not None and any(t in spec.types for t in ("draft-simple", "draft-eagle3", "draft-mtp",
@@ -144,6 +149,10 @@ def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: Serv
         out["model"]["first_request_aborts"] = (f"the {arch} target's graph does not record the input of layer "
                                                 f"{missing[0]} the drafter reads (GGML_ASSERT: layer input tensor "
                                                 f"is null)")
+    elif tgt_use.layer_inp and params is not None and arch in PLANNED_LAYER_INP_ARCHS and not tgt_use.samplers:
+        out["model"]["compute_buffers"] = reserve_again(ctx_tgt.path, params, tgt_use.layer_inp)
+        out["model"]["compute_reserved_again"] = out["model"]["compute_reserved_again"].replace(
+            ": size not planned", "")
     if ctx_dft is not None:
         n_outputs = 1
         if "draft-eagle3" in spec.types:
@@ -157,6 +166,17 @@ def after_startup(ctx_tgt: "Context", ctx_dft: Optional["Context"], server: Serv
             out["draft"]["note"] = ("the encoder pass reserves outputs for each prompt chunk: planned for a prompt "
                                     f"of at least {n_outputs} tokens; a shorter prompt asks for fewer")
     return out
+
+
+def reserve_again(model_path: str, params: "Params", layer_inp: tuple[int, ...]) -> dict[str, int]:
+    """sched_reserve at the decode after llama_set_embeddings_layer_inp: a new scheduler, the pp,
+    tg and pp graphs reserved again with those layers' inputs kept as outputs. The compute buffers
+    per buffer type."""
+    from .reserve import compute_buffers, create_context, sched_reserve
+    ctx = create_context(model_path, params)
+    ctx.cparams = dataclasses.replace(ctx.cparams, embeddings_layer_inp=tuple(sorted(set(layer_inp))))
+    sched_reserve(ctx)
+    return compute_buffers(ctx)
 
 
 def output_after(ctx: "Context", use: ContextUse, decodes: list[int]) -> list[int]:
@@ -198,4 +218,4 @@ def plan_after_startup(model_path: str, params: "Params", draft: Optional["Extra
     ctx_dft = None
     if draft is not None:
         ctx_dft = create_context(draft.path, dataclasses.replace(draft.params, n_ctx=ctx.cparams.n_ctx), ctx_other=ctx)
-    return after_startup(ctx, ctx_dft, server)
+    return after_startup(ctx, ctx_dft, server, params)

@@ -106,6 +106,10 @@ def test_the_startup_reservation_is_unchanged():
     r = plan(["-m", str(model_path("tiny-llama")), "-md", str(model_path("tiny-eagle3-shared")),
               "--spec-type", "draft-eagle3", "-fit", "off", "-c", "4096"])
     assert r["output_buffers"] == {"CPU": 1024 * 4 * 4} == {"CPU": r["after_startup"]["model"]["output_history"][0]}
+    # the target's graphs reserved again with the inputs of layers 0 and 1 kept as outputs: larger
+    again = r["after_startup"]["model"]["compute_buffers"]["CPU"]
+    assert again > r["compute_buffers"]["CPU"] and "size not planned" not in r["after_startup"]["model"][
+        "compute_reserved_again"]
 
 
 # --- live: the real llama-server's buffer log ------------------------------------------------------
@@ -194,6 +198,8 @@ def test_after_startup_equals_llama_servers_buffers(name, args, expect, request)
         reserved_again = [e for e in life.events if e.event == "alloc" and e.owner == "compute"
                           and e.scope == f"{ctx}.decode"]
         assert bool(reserved_again) == bool(after["compute_reserved_again"]), ctx
+        if "compute_buffers" in after:      # planned: the graphs with the layer inputs kept as outputs
+            assert _by_owner(served, ctx)["compute"] == sum(after["compute_buffers"].values()), ctx
     # nothing else is allocated once the contexts exist: output buffers, and compute buffers where said
     after_created = [e for e in life.events if e.event == "alloc" and "." in e.scope and e.seq <= life.served]
     assert {e.owner for e in after_created} <= {"output", "compute"}

@@ -172,10 +172,12 @@ def reserve_again(model_path: str, params: "Params", layer_inp: tuple[int, ...])
     """sched_reserve at the decode after llama_set_embeddings_layer_inp: a new scheduler, the pp,
     tg and pp graphs reserved again with those layers' inputs kept as outputs. The compute buffers
     per buffer type."""
-    from .reserve import compute_buffers, create_context, sched_reserve
+    from .reserve import common_init_adapters, compute_buffers, create_context, sched_reserve
     ctx = create_context(model_path, params)
     ctx.cparams = dataclasses.replace(ctx.cparams, embeddings_layer_inp=tuple(sorted(set(layer_inp))))
-    sched_reserve(ctx)
+    # the graphs hold the control vectors and LoRA adapters common_init_from_params set, too
+    if common_init_adapters(ctx, params) is None:
+        sched_reserve(ctx)
     return compute_buffers(ctx)
 
 

@@ -72,6 +72,12 @@ def spec_types_from_names(names: list[str]) -> list[str]:
     return types
 
 
+# common_speculative_init_result loads the draft (llama_model_load_from_file) and creates its context
+# (llama_init_from_model) directly, not through common_init_from_params: no LoRA adapter or control
+# vector reaches it (the real llama-server serves an EAGLE-3 head beside a --lora'd llama)
+NO_ADAPTERS = {"lora": (), "lora_init_without_apply": False, "control_vectors": ()}
+
+
 def speculative_params(model_path: str, params: Params, spec: SpecParams) -> tuple[Params, Optional[ExtraModel]]:
     """The main model's parameters with speculative decoding (common_model_params_to_llama,
     common_context_params_to_llama) and the extra model common_init_result fits beside it
@@ -97,14 +103,15 @@ def speculative_params(model_path: str, params: Params, spec: SpecParams) -> tup
     if mtp and spec.draft_path is None:
         ctx = dataclasses.replace(params, type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max,
                                   ctx_type="mtp", n_rs_seq=0,
-                                  embeddings=False, pooling_type="unspecified")
+                                  embeddings=False, pooling_type="unspecified", **NO_ADAPTERS)
         return params, ExtraModel(model_path, ctx, shares_model=True)
     if spec.draft_path is None:
         return params, None
     # a draft model with draft-mtp (a Gemma 4 assistant): an MTP context over the draft's own weights
     dft = dataclasses.replace(params, n_gpu_layers=spec.n_gpu_layers, tensor_overrides=spec.tensor_overrides,
                               type_k=spec.type_k, type_v=spec.type_v, n_outputs_max=params.n_seq_max, n_rs_seq=0,
-                              ctx_type="mtp" if mtp else params.ctx_type, embeddings=False, pooling_type="unspecified")
+                              ctx_type="mtp" if mtp else params.ctx_type, embeddings=False, pooling_type="unspecified",
+                              **NO_ADAPTERS)
     return params, ExtraModel(spec.draft_path, dft, shares_model=False)
 
 

@@ -61,6 +61,7 @@ def build(g: GraphContext) -> None:
     inp_out_ids = g.build_inp_out_ids()
 
     for il, layer in enumerate(model.layers):
+        g.t_layer_inp[il] = inp_l
         inp_sa = inp_l
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)

@@ -71,6 +71,7 @@ def build(g: GraphContext) -> None:
     kq_scale = 1.0 / math.sqrt(n_embd_head)
 
     for il, layer in enumerate(model.layers):
+        g.t_layer_inp[il] = inp_l
         inp_sa = inp_l
         use_rope = hp.is_swa(il)   # rope on the sliding-window layers, none on the full ones
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)

@@ -58,7 +58,7 @@ FINAL_LAYER_INP_ARCHS = {"deepseek4", "mimo2", "nemotron_h"}
 # those whose graph module here records them too: their graphs with the layer inputs kept as
 # outputs are planned (the others' reserved-again compute buffers are not)
 PLANNED_LAYER_INP_ARCHS = {"llama", "llama-embed", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "gpt-oss",
-                           "minimax-m2", "nanbeige", "hunyuan_vl", "muse-glimmer"}
+                           "minimax-m2", "nanbeige", "hunyuan_vl", "muse-glimmer", "gemma4"}
 
 
 @dataclass(frozen=True)

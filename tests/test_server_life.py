@@ -128,7 +128,8 @@ LIVE = [
     ("draft-simple", ["-m", "tiny-qwen3", "-md", "tiny-qwen3", "--spec-type", "draft-simple"], {}),
     ("eagle3 beside qwen35", ["-m", "tiny-qwen35", "-md", "tiny-eagle3-shared", "--spec-type", "draft-eagle3"], {}),
     *[(f"eagle3 beside {m}", ["-m", m, "-md", "tiny-eagle3-shared", "--spec-type", "draft-eagle3"], {})
-      for m in ("tiny-gpt-oss", "tiny-minimax-m2", "tiny-nanbeige", "tiny-hunyuan_vl", "tiny-muse-glimmer")],
+      for m in ("tiny-gpt-oss", "tiny-minimax-m2", "tiny-nanbeige", "tiny-hunyuan_vl", "tiny-muse-glimmer",
+                "tiny-gemma4")],
     # the LoRA adapter is the target's alone (the draft is created without common_init_from_params);
     # its warm-up re-reserves the target with the adapter, the first request again with the layer inputs
     ("eagle3 beside a LoRA", ["-m", "tiny-llama", "-md", "tiny-eagle3-shared", "--spec-type", "draft-eagle3",

@@ -147,6 +147,7 @@ def build(g: GraphContext) -> None:
             raise GGMLAbort(f"llama.cpp would abort building the graph (gemma4.cpp GGML_ASSERT(n_embd_head == "
                             f"n_embd_head_v(il))): layer {il} has K heads of {n_embd_head}, V heads of {hp.n_embd_head_v(il)}")
         n_rot = hp.n_rot(il)
+        g.t_layer_inp[il] = inp_l
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)
         freq_factors = None if hp.is_swa(il) else layer.rope_freqs

@@ -703,12 +703,11 @@ def draft_options(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from ..planner.server import SpecParams, draft_types_from_gguf
-
         path, ngl = kwargs.pop("draft_path"), kwargs.pop("draft_n_gpu_layers")
         type_k, type_v = kwargs.pop("draft_type_k"), kwargs.pop("draft_type_v")
         draft = None
         if path:
+            from ..planner.server import SpecParams, draft_types_from_gguf   # only here: it imports fit and mtmd
             with fail_cleanly():
                 draft = draft_types_from_gguf(SpecParams(draft_path=path, n_gpu_layers=ngl, type_k=type_k,
                                                          type_v=type_v))

@@ -12,7 +12,7 @@ from .errors import fail_cleanly
 from ..planner.devices import DEVICE_SPEC_HELP, BadDevices, parse_device, parse_size
 from ..planner.download import is_url
 from ..planner.hparams import LLAMA_MAX_LAYERS, LLAMA_POOLING_TYPES
-from ..planner.params import KV_TYPES, BadKvOverride, KvOverride, Params, parse_kv_overrides
+from ..planner.params import KV_TYPES, BadKvOverride, KvOverride, Params, parse_csv_row, parse_kv_overrides
 
 
 
@@ -238,32 +238,6 @@ def _noting(process: Callable, ctx: click.Context, name: str, order_key: str) ->
         process(value, state)
         ctx.meta.setdefault(order_key, []).append((name, value))
     return noted
-
-
-def parse_csv_row(value: str) -> list[str]:
-    """common/arg.cpp parse_csv_row: comma-separated fields, a field may be quoted ("" is a quote)."""
-    fields, cur, in_quotes, i = [], "", False, 0
-    while i < len(value):
-        ch = value[i]
-        if ch == '"':
-            if not in_quotes:
-                if cur:
-                    cur += '"'      # a quote in the middle of an unquoted field is literal
-                else:
-                    in_quotes = True
-            elif i + 1 < len(value) and value[i + 1] == '"':
-                cur += '"'
-                i += 1
-            else:
-                in_quotes = False
-        elif ch == "," and not in_quotes:
-            fields.append(cur)
-            cur = ""
-        else:
-            cur += ch
-        i += 1
-    fields.append(cur)
-    return fields
 
 
 _STOF_PREFIX = re.compile(r"[ \t\n\v\f\r]*[+-]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", re.I)

@@ -105,7 +105,7 @@ def serve(binary: Path, args: list[str], requests: list[dict], *, library: Path,
             proc = subprocess.Popen([str(binary), *args, "--host", "127.0.0.1", "--port", "0"], stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=run_env)
             try:
-                port = _wait_listening(proc, log_path, timeout)
+                port = wait_listening(proc, log_path, timeout)
                 listening = _last_seq(events_path)
                 if port is not None:
                     for request in requests:
@@ -116,7 +116,7 @@ def serve(binary: Path, args: list[str], requests: list[dict], *, library: Path,
                             break
                 served = _last_seq(events_path)
             finally:
-                _stop(proc)
+                stop_server(proc)
         text = log_path.read_text(errors="replace")
         events = parse(events_path.read_text()) if events_path.exists() else []
     if port is None:
@@ -129,7 +129,8 @@ def _last_seq(path: Path) -> int:
     return int(lines[-1].split("\t", 1)[0]) if lines else -1
 
 
-def _wait_listening(proc: subprocess.Popen, log_path: Path, timeout: float) -> Optional[int]:
+def wait_listening(proc: subprocess.Popen, log_path: Path, timeout: float) -> Optional[int]:
+    """The port llama-server logs it listens on, once it does; None if it exits or times out first."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         m = re.search(r"llama_server: listening on http://[\d.]+:(\d+)", log_path.read_text(errors="replace"))
@@ -146,7 +147,8 @@ def _post(port: int, path: str, body: dict, timeout: float) -> dict:
         return json.loads(resp.read())
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:

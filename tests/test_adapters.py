@@ -146,6 +146,25 @@ def test_lora_flags_in_command_line_order():
         parse(["-m", "m.gguf", "--lora-scaled", "a.gguf"], environ={})
 
 
+def _serve_and_plan(args: list[str], n_rpc: int) -> tuple[str, dict]:
+    """The real llama-server's log for llama-server ARGS (-v, on n_rpc loopback RPC servers), and what
+    `reserve -- llama-server ARGS` plans of the same command."""
+    from fixtures.llama_build import bin_dir
+    from fixtures.server_fit_golden import run_server
+    from schedplan.backends.rpc_server import rpc_servers
+
+    binary = bin_dir() / "llama-server"
+    if not binary.exists():
+        pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
+    with rpc_servers(n_rpc) as endpoints:
+        rpc = ["--rpc", ",".join(endpoints)] if endpoints else []
+        text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])
+        res = CliRunner().invoke(reserve_cmd, ["--device", "none", "--json", "--", "llama-server", *args, *rpc])
+    assert "llama_server: listening on" in text, text[-2000:]
+    assert res.exit_code == 0, res.output
+    return text, json.loads(res.stdout)
+
+
 def _server_log(text: str) -> dict:
     """llama-server's LoRA buffer lines (buffer type, MiB; one per adapter and buffer type), and the two
     reservations: the context's, then the warm-up's with the adapters (compute buffers in MiB as
@@ -170,24 +189,12 @@ def test_the_adapters_equal_llama_servers(model, adapters, n_rpc, flags):
     """The real llama-server with --lora/--lora-scaled (-fit off): the adapters' buffers it logs, its
     context's reservation and the warm-up's reservation with the adapters applied equal what
     `reserve -- llama-server ...` plans (MiB to two decimals as logged; the bytes are verify's)."""
-    from fixtures.llama_build import bin_dir
-    from fixtures.server_fit_golden import run_server
-    from schedplan.backends.rpc_server import rpc_servers
-
-    binary = bin_dir() / "llama-server"
-    if not binary.exists():
-        pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
     args = ["-m", str(model_path(model)), "-fit", "off", *flags]
     for targets, rank, scale in adapters:
         path = str(lora_path(model, rank, targets))
         args += ["--lora", path] if scale is None else ["--lora-scaled", f"{path}:{scale}"]
-    with rpc_servers(n_rpc) as endpoints:
-        rpc = ["--rpc", ",".join(endpoints)] if endpoints else []
-        text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])
-        res = CliRunner().invoke(reserve_cmd, ["--device", "none", "--json", "--", "llama-server", *args, *rpc])
-    assert "llama_server: listening on" in text, text[-2000:]
-    assert res.exit_code == 0, res.output
-    r, real = json.loads(res.stdout), _server_log(text)
+    text, r = _serve_and_plan(args, n_rpc)
+    real = _server_log(text)
     assert sorted((k, f"{v / MiB:.2f}") for a in r["lora"]["adapters"] for k, v in a["buffers"].items()) == real["lora"]
     (before, graph_before), (after, graph_after) = real["reservations"]
     assert {k: f"{v / MiB:.2f}" for k, v in r["lora"]["compute_buffers_before"].items()} == before
@@ -245,23 +252,11 @@ def test_control_vectors_on_other_architectures_are_refused():
 def test_the_control_vectors_equal_llama_servers(model, n_rpc, flags):
     """The real llama-server with --control-vector-scaled (-fit off): its context's reservation and
     the warm-up's with the vectors (and an adapter) added equal `reserve -- llama-server ...`."""
-    from fixtures.llama_build import bin_dir
-    from fixtures.server_fit_golden import run_server
-    from schedplan.backends.rpc_server import rpc_servers
-
-    binary = bin_dir() / "llama-server"
-    if not binary.exists():
-        pytest.skip(f"{binary} not built (python fixtures/llama_build.py)")
     flags = [str(lora_path(model, 4, "qv")) if f == "LORA" else f for f in flags]
     args = ["-m", str(model_path(model)), "-fit", "off", *flags, "--control-vector-scaled",
             f"{cvec_path(model)}:0.8"]
-    with rpc_servers(n_rpc) as endpoints:
-        rpc = ["--rpc", ",".join(endpoints)] if endpoints else []
-        text = run_server([str(binary), *args, *rpc, "-v", "--host", "127.0.0.1", "--port", "0"])
-        res = CliRunner().invoke(reserve_cmd, ["--device", "none", "--json", "--", "llama-server", *args, *rpc])
-    assert "llama_server: listening on" in text, text[-2000:]
-    assert res.exit_code == 0, res.output
-    r, real = json.loads(res.stdout), _server_log(text)
+    text, r = _serve_and_plan(args, n_rpc)
+    real = _server_log(text)
     assert r["control_vector"]["applied"]
     (before, graph_before), (after, graph_after) = real["reservations"][:2]
     assert {k: f"{v / MiB:.2f}" for k, v in r["control_vector"]["compute_buffers_before"].items()} == before

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 from typing import Callable, Optional
 
 import click
 
+from . import detection
 from ..backends.detect import DECLARE, Detection, LocalDevice, detect
 from ..planner.devices import BadDevices
 from ..planner.params import Params
@@ -73,48 +73,6 @@ def device_spec(d: LocalDevice) -> str:
     return f"{d.spec}:total={d.total}" if d.total is not None else d.spec
 
 
-_detection: Optional[tuple[Optional[threading.Thread], list[Detection]]] = None
-
-
-def detect_early(params: Params, beside_rpc: bool = False) -> None:
-    """Start detecting this machine's devices in a thread where for_this_machine will need them:
-    the vendor tools detect may run (vulkaninfo, nvidia-smi: tens of ms each, in processes of
-    their own) then run while the planner's modules import."""
-    global _detection
-    if _detection is not None or not needs_detection(params, beside_rpc):
-        return
-    found: list[Detection] = []
-
-    def run() -> None:
-        try:
-            found.append(detect())
-        except Exception:    # detect_once runs it again in the caller, where the error is reported
-            pass
-
-    thread = threading.Thread(target=run, name="schedplan-detect", daemon=True)
-    thread.start()
-    _detection = (thread, found)
-
-
-def detect_once() -> Detection:
-    """This machine's devices, detected once per process (router mode fits many models)."""
-    global _detection
-    if _detection is None:
-        _detection = (None, [detect()])
-    thread, found = _detection
-    if thread is not None:
-        thread.join()
-    if not found:
-        found.append(detect())
-    return found[0]
-
-
-def forget_detection() -> None:
-    """Detect again at the next detect_once (tests change the machine between calls)."""
-    global _detection
-    _detection = None
-
-
 def needs_detection(params: Params, beside_rpc: bool = False) -> bool:
     """No devices declared (--device, `--device none`, or --rpc unless beside_rpc: a llama-server
     command's --rpc servers come before the local GPUs)."""
@@ -122,7 +80,7 @@ def needs_detection(params: Params, beside_rpc: bool = False) -> bool:
 
 
 def for_this_machine(params: Params, beside_rpc: bool = False,
-                     detector: Callable[[], Detection] = detect_once) -> tuple[Params, Optional[Detection]]:
+                     detector: Callable[[], Detection] = detection.detect_once) -> tuple[Params, Optional[Detection]]:
     """Params for this machine's devices when none were declared (needs_detection): the devices
     llama.cpp would use (the GPUs, else the integrated ones). A device that cannot be planned is
     one line saying why and how to declare the devices instead. Also returns what was detected,

@@ -84,9 +84,10 @@ def reserve(model: str, server_args: tuple[str, ...], params: Params, mmproj, dr
 
     Example: schedplan reserve model.gguf -c 8192 -ub 512 -fa on
     """
-    from .devices import detect_early, for_this_machine
-    if Path(model).name not in SERVER_NAMES and not server_args:
-        detect_early(params)    # the devices are detected while the planner imports and the header is read
+    from . import detection
+    from .devices import for_this_machine, needs_detection
+    if Path(model).name not in SERVER_NAMES and not server_args and needs_detection(params):
+        detection.start()    # the devices are detected while the planner imports and the header is read
     from ..planner.download import read_model_header
     from ..planner.reserve import reserve as plan
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from schedplan.backends import detect as det
-from schedplan.cli import devices as cli_devices
+from schedplan.cli import detection
 from schedplan.cli.main import cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,9 +49,9 @@ def machine(tmp_path, monkeypatch):
     monkeypatch.setattr(det, "host_memory", lambda: meminfo(TOOLS / "meminfo-linux.txt"))
     for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES"):
         monkeypatch.delenv(var, raising=False)
-    cli_devices.forget_detection()
+    detection.forget()
     yield Machine(bin_dir, monkeypatch)
-    cli_devices.forget_detection()
+    detection.forget()
 
 
 def run(*args: str):
@@ -120,7 +120,7 @@ def test_different_gpus_note_the_cuda_order(machine, monkeypatch):
     assert [d["spec"] for d in found["devices"]] == [f"cuda:{7948 * MiB}:cc=8.9", f"cuda:{15799 * MiB}:cc=12.0"]
     assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in n for n in found["notes"])
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    cli_devices.forget_detection()
+    detection.forget()
     assert not any("CUDA_DEVICE_ORDER" in n for n in detected()["notes"])
 
 
@@ -154,6 +154,18 @@ def test_without_tools_the_cpu_is_planned(machine):
     assert r.output.splitlines()[:2] == ["Available devices:", "  (none)"]
     assert json.loads(run("reserve", TINY, "--json").output) == json.loads(run("reserve", TINY, "--json", "--device",
                                                                                "none").output)
+
+
+@pytest.mark.parametrize("argv, starts", [
+    (["reserve", "m.gguf", "-c", "8192"], True), (["fit", "m.gguf", "-fitt", "512"], True),
+    (["reserve", "m.gguf", "--device", "none"], False), (["reserve", "m.gguf", "--device=cuda:8GiB:cc=8.9"], False),
+    (["fit", "m.gguf", "--rpc", "127.0.0.1:50052"], False), (["fit", "m.gguf", "--rpc-memory", "h:1=1GiB"], False),
+    (["reserve", "--", "llama-server", "-m", "m.gguf"], False), (["reserve", "--help"], False),
+    (["devices"], False), (["check", "m.gguf"], False), ([], False)])
+def test_detection_starts_before_click_only_where_a_plan_may_use_it(argv, starts):
+    """The console script starts detecting before click parses the command line (cli/detection.py):
+    not where devices are declared, where no vendor tool's answer would be used."""
+    assert detection.may_plan_for_this_machine(argv) == starts
 
 
 def test_rocm_smi_cards_are_listed_not_planned(machine):
@@ -280,7 +292,7 @@ def test_vulkaninfo_lists_vulkan_devices_as_ggml_names_them(machine, monkeypatch
     vulkaninfo(machine)
     monkeypatch.delenv("GGML_VK_VISIBLE_DEVICES", raising=False)
     assert detected()["devices"] == []
-    cli_devices.forget_detection()
+    detection.forget()
     monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", "0")
     (d,) = detected()["devices"]
     assert (d["name"], d["description"], d["backend"], d["planned"]) == ("Vulkan0", LAVAPIPE, "Vulkan", False)

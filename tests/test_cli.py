@@ -35,7 +35,7 @@ def schedplan_command() -> list[str]:
     exe = Path(sys.executable).with_name("schedplan")
     if exe.exists():
         return [str(exe)]
-    return [sys.executable, "-c", "import sys; from schedplan.cli.main import cli; sys.argv[0] = 'schedplan'; cli()"]
+    return [sys.executable, "-c", "import sys; from schedplan.cli.console import main; sys.argv[0] = 'schedplan'; main()"]
 
 
 def run_schedplan(*args) -> subprocess.CompletedProcess:
@@ -128,6 +128,21 @@ def test_subprocess_table_and_json():
     proc = run_schedplan(TINY, "-c", "512", "--json")
     assert proc.returncode == 0, proc.stderr
     assert SCHEMA_KEYS <= set(json.loads(proc.stdout))
+
+
+def test_the_command_exits_as_click_does_in_process():
+    """The console script skips the interpreter's teardown (cli/console.py): its output, status and
+    errors are click's in-process ones, the output complete through a pipe, exit handlers run."""
+    args = (TINY, "-c", "512", "--device", "none", "--tensors")
+    proc = run_schedplan(*args)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, invoke(*args).stdout, "")
+    proc = run_schedplan(TINY, "-c", "-5")
+    in_process = CliRunner().invoke(cli, ["reserve", str(TINY), "-c", "-5"], prog_name="schedplan")
+    assert (proc.returncode, proc.stderr) == (2, assert_cli_error(in_process) + "\n")
+    handler = ("import atexit, sys; from schedplan.cli.console import main; atexit.register(print, 'handler ran'); "
+               f"sys.argv = ['schedplan', 'reserve', {str(TINY)!r}, '--device', 'none']; main()")
+    proc = subprocess.run([sys.executable, "-c", handler], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.endswith("\nhandler ran\n"), proc.stdout[-200:]
 
 
 # ------------------------------------------------------------------------------------------- errors

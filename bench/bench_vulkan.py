@@ -9,7 +9,7 @@ vulkan's profile), interleaved so that load hits both alike:
                split and graph_optimize's reordering of each Vulkan split;
   command      `schedplan reserve MODEL -c N [--device vulkan:...]` as a subprocess on the full sparse
                file, median wall and CPU time (user + system) of --runs: interpreter, imports,
-               header, the profile's JSON, plan and table.
+               header, the profile's JSON, plan and table (bytecode cached, as bench_reserve.py).
 Ratios: Vulkan / CPU (the issue's target: at most 1). Then where the Vulkan plan's extra time goes,
 from --repeat more Vulkan plans with three of its parts timed (medians per plan): the flash attention
 probe (resolve_fused_ops: llama_context builds and splits one more graph when -fa is auto and more
@@ -25,6 +25,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from tabulate import tabulate  # noqa: E402
 
-from bench_reserve import machine  # noqa: E402
+from bench_reserve import child_env, machine  # noqa: E402
 from fixtures.golden import lavapipe_flags  # noqa: E402
 from fixtures.make_gguf import header_path, model_path  # noqa: E402
 from schedplan.backends import vulkan  # noqa: E402
@@ -87,11 +88,11 @@ def vulkan_parts(header: Path, flags: list[str], repeat: int) -> tuple[dict[str,
     return {name: statistics.median(v) for name, v in per_plan.items()}, calls
 
 
-def command_times(cmd: list[str]) -> tuple[float, float]:
+def command_times(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall, user + system CPU) seconds of one run of cmd."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -117,9 +118,10 @@ def main() -> None:
     model = str(model_path(args.model))
     commands = {"CPU": [exe, "reserve", model, *cpu], "Vulkan (lavapipe)": [exe, "reserve", model, *vk]}
     runs: dict[str, list[tuple[float, float]]] = {k: [] for k in commands}
-    for _ in range(args.runs + 1):            # the first round fills the page cache: not counted
+    env = child_env(tempfile.mkdtemp(prefix="schedplan-bench-pycache-"))    # bytecode cached, as installed
+    for _ in range(args.runs + 1):            # the first round fills the page and bytecode caches: not counted
         for k, cmd in commands.items():
-            runs[k].append(command_times(cmd))
+            runs[k].append(command_times(cmd, env))
     wall = {k: statistics.median(w for w, _ in v[1:]) for k, v in runs.items()}
     cpu_s = {k: statistics.median(c for _, c in v[1:]) for k, v in runs.items()}
     print(f"machine: {machine()}")

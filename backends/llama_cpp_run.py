@@ -677,14 +677,7 @@ def _apply_adapters(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model, c
     if replay:
         _decode_reserve_ubatch(llama_cpp, ctx, result)
     else:
-        vocab = llama_cpp.llama_model_get_vocab(model)
-        tokens = [t for t in (llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab))
-                  if t != llama_cpp.LLAMA_TOKEN_NULL] or [0]
-        toks = (llama_cpp.llama_token * len(tokens))(*tokens)
-        rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(toks, len(tokens)))
-        if rc != 0:
-            raise RunError(f"the warm-up decode with the adapters returned {rc}")
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        _warm_up(llama_cpp, model, ctx)
     parsed = parse_log("".join(log.parts[start_log:]))
     if "graphs" not in parsed:
         raise RunError("no second sched_reserve in llama.cpp's log after applying the adapters")
@@ -708,6 +701,29 @@ def _apply_adapters(llama_cpp, ggml: Ggml, shim: Shim, log: LogCapture, model, c
         else:
             del result["control_vector"]["buffers"]
     return True
+
+
+def _warm_up(llama_cpp, model, ctx) -> None:
+    """common_init_from_params' warm-up (common/common.cpp): BOS and EOS encoded first where the model
+    has an encoder (a decode before any encode aborts: llama_encode must be called first), then the
+    decoder start token (else BOS) or those tokens decoded."""
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    bos = llama_cpp.llama_vocab_bos(vocab)
+    tokens = [t for t in (bos, llama_cpp.llama_vocab_eos(vocab)) if t != llama_cpp.LLAMA_TOKEN_NULL] or [0]
+
+    def run(process, name: str) -> None:
+        toks = (llama_cpp.llama_token * len(tokens))(*tokens)
+        rc = process(ctx, llama_cpp.llama_batch_get_one(toks, len(tokens)))
+        if rc != 0:
+            raise RunError(f"the warm-up {name} with the adapters returned {rc}")
+
+    if llama_cpp.llama_model_has_encoder(model):
+        run(llama_cpp.llama_encode, "encode")
+        start = llama_cpp.llama_model_decoder_start_token(model)
+        tokens = [start if start != llama_cpp.LLAMA_TOKEN_NULL else bos]
+    if llama_cpp.llama_model_has_decoder(model):
+        run(llama_cpp.llama_decode, "decode")
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
 
 
 def _control_vector_load(infos: tuple[tuple[str, float], ...]) -> Optional[tuple[int, list[float]]]:

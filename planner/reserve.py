@@ -475,10 +475,6 @@ def _sched_reserve(ctx: Context) -> dict[str, GraphStats]:
     return stats
 
 
-# the architectures whose planned graphs add control vectors where llama.cpp's call build_cvec
-CVEC_ARCHS = frozenset({"gemma3", "gemma-embedding", "llama", "llama-embed", "qwen3moe", "rnd1"})
-
-
 def common_init_adapters(ctx: Context, params: Params) -> Optional[dict[str, GraphStats]]:
     """common_init_from_params after the context, in its order:
     - control vectors (--control-vector*): common_control_vector_load, then llama_set_adapter_cvec
@@ -502,9 +498,6 @@ def common_init_adapters(ctx: Context, params: Params) -> Optional[dict[str, Gra
     # common_init_from_params returns after the rerank warnings (the others: the loader's, llama_context's)
     can_rerank = not any(w in (RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT) for w in ctx.warnings)
     if params.control_vectors:
-        if hp.arch not in CVEC_ARCHS:
-            raise NotImplementedError(f"control vectors on a {hp.arch} model are not planned (planned: "
-                                      f"{', '.join(sorted(CVEC_ARCHS))})")
         n_embd, _, errors = common_control_vector_load(params.control_vectors)
         if n_embd == -1:
             ctx.warnings += errors

@@ -238,11 +238,6 @@ def test_control_vectors_llama_cpp_cannot_apply_are_warnings(tmp_path):
     assert r["compute_buffers"] == plan("tiny-gemma3")["compute_buffers"]
 
 
-def test_control_vectors_on_other_architectures_are_refused():
-    with pytest.raises(NotImplementedError, match="control vectors on a qwen3 model are not planned"):
-        plan("tiny-qwen3", control_vectors=((str(cvec_path("tiny-qwen3")), 1.0),))
-
-
 @pytest.mark.live
 @pytest.mark.parametrize("model,n_rpc,flags", [
     ("tiny-gemma3", 0, ["-c", "4096", "-np", "1"]),

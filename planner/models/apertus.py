@@ -91,6 +91,7 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "ffn_down", il)
         cur = ggml.add(cur, ffn_inp)
         g.cb(cur, "ffn_out", il)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

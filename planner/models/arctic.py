@@ -94,7 +94,8 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "ffn_moe_out", il)
         cur = ggml.add(cur, ffn_out)
         g.cb(cur, "ffn_out", il)
-        g.cb(cur, "l_out", il)   # build_cvec returns cur without control vectors
+        cur = g.build_cvec(cur, il)
+        g.cb(cur, "l_out", il)
         inp_l = cur
 
     g.build_output(inp_l)

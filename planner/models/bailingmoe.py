@@ -92,6 +92,7 @@ def build(g: GraphContext) -> None:
         cur = ggml.add(moe_out, ffn_shexp)
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

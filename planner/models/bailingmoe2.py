@@ -113,6 +113,7 @@ def build_qk_norm_moe_shexp(g: GraphContext, ffn_inp_name: str) -> None:
         g.cb(cur, "ffn_norm", il)
         cur = build_ffn_dense_or_moe_shexp(g, cur, il)
         cur = ggml.add(cur, sa_out)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -74,6 +74,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_ffn(cur, layer.ffn_up, None, None, None, layer.ffn_down, None, LLM_FFN_SWIGLU, LLM_FFN_SEQ, il)
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

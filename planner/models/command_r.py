@@ -83,6 +83,7 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, inp_l)
         cur = ggml.add(cur, attn_out)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -81,7 +81,8 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "ffn_moe_out", il)
         cur = ggml.add(cur, ffn_inp)
         g.cb(cur, "ffn_out", il)
-        g.cb(cur, "l_out", il)   # build_cvec returns cur without control vectors
+        cur = g.build_cvec(cur, il)
+        g.cb(cur, "l_out", il)
         inp_l = cur
 
     # the output head with LayerNorm (build_output's is RMS)

@@ -207,6 +207,7 @@ def build(g: GraphContext) -> None:
         cur = ggml.add(moe_out, ffn_shexp)
         g.cb(cur, "ffn_out", il)
         inp_l = build_hc_post(g, cur, residual, post, comb, il)
+        inp_l = g.build_cvec(inp_l, il)
         g.cb(inp_l, "l_last", il)
 
     flat = ggml.reshape(inp_l, n_embd * hc, n_tokens)

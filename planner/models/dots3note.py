@@ -204,6 +204,7 @@ def build(g: GraphContext) -> None:
         g.cb(ffn_inp, "ffn_inp", il)
         cur = build_ffn_dense_or_moe(g, layer, ffn_inp, hp.expert_weights_norm, il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

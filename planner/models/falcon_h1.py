@@ -102,6 +102,7 @@ def build(g: GraphContext) -> None:
                           layer.ffn_down_b, LLM_FFN_SILU, LLM_FFN_PAR, il)
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, inp_sa)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
     g.build_output(inp_l)

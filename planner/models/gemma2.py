@@ -92,6 +92,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(cur, layer.ffn_post_norm, None, LLM_NORM_RMS, -1)
         g.cb(cur, "ffn_post_norm", -1)
         cur = ggml.add(cur, sa_out)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

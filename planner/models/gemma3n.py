@@ -193,6 +193,7 @@ def build(g: GraphContext) -> None:
                                n_embd * n_tokens * ggml.type_size(corrected.type))
         tmp = ggml.add(slice_rest, first_prediction)
         cur = ggml.concat(slice_first, tmp, 2)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -247,6 +247,7 @@ def build(g: GraphContext) -> None:
         if layer.out_scale is not None:
             cur = ggml.mul(cur, layer.out_scale)
             g.cb(cur, "out_scaled", il)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -91,6 +91,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(cur, layer.ffn_post_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "post_mlp_norm", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

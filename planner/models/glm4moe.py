@@ -134,6 +134,7 @@ def build(g: GraphContext) -> None:
             cur = ggml.add(routed_out, shared_out)
             g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -94,6 +94,7 @@ def build(g: GraphContext) -> None:
                               LLM_FFN_GELU, LLM_FFN_SEQ, il)
             g.cb(cur, "ffn_out", il)
             cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)     # in both branches (gptneox.cpp)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -143,5 +143,6 @@ def build_layer_ffn(g: GraphContext, cur, inp_sa, il: int):
         cur = ggml.scale(cur, hp.f_residual_scale)
     cur = ggml.add(cur, ffn_inp)
     g.cb(cur, "ffn_out", il)
+    cur = g.build_cvec(cur, il)
     g.cb(cur, "l_out", il)
     return cur

@@ -206,5 +206,6 @@ def build_layer_ffn(g: GraphContext, cur, inp_sa, adapter_ids, il: int):
     if hp.f_residual_scale:
         cur = ggml.scale(cur, hp.f_residual_scale)
     cur = ggml.add(cur, ffn_inp)
+    cur = g.build_cvec(cur, il)
     g.cb(cur, "l_out", il)
     return cur

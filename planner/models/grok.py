@@ -110,7 +110,8 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "ffn_post_norm", il)
         cur = ggml.add(cur, ffn_inp)
         g.cb(cur, "ffn_out", il)
-        g.cb(cur, "l_out", il)   # build_cvec returns cur without control vectors
+        cur = g.build_cvec(cur, il)
+        g.cb(cur, "l_out", il)
         inp_l = cur
 
     # the output head: the logit scale multiplies (build_output's Granite scale divides), then the softcap

@@ -93,6 +93,7 @@ def build(g: GraphContext) -> None:
         cur = ggml.add(cur, ggml.scale(moe_out, hp.expert_group_scale))
         g.cb(cur, "ffn_final_moe_out", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -105,6 +105,7 @@ def build_stack(g: GraphContext, inp_attn, inp_pos: Tensor, cur: Tensor, slot_ba
         g.cb(cur, "ffn_out", s)
         cur = ggml.add(cur, inp_sa)
         g.cb(cur, "ffn_add", s)
+        cur = g.build_cvec(cur, s)
         g.cb(cur, "l_out", s)
     cur = g.build_norm(cur, None, None, LLM_NORM_RMS, slot_base)
     g.cb(cur, "stack_norm", slot_base)

@@ -93,6 +93,7 @@ def build(g: GraphContext) -> None:
         ffn_out = ggml.add(cur_moe, cur_mlp)
         g.cb(ffn_out, "ffn_out", il)
         cur = ggml.add(ffn_out, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -98,6 +98,7 @@ def build(g: GraphContext) -> None:
                               LLM_FFN_PAR, il)
         g.cb(cur_mlp, "ffn_out", il)
         cur = ggml.add(cur_mlp, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

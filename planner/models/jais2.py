@@ -75,6 +75,7 @@ def build(g: GraphContext) -> None:
                           LLM_FFN_RELU_SQR, LLM_FFN_SEQ, il)
         g.cb(cur, "ffn_out", il)
         inp_l = ggml.add(cur, ffn_inp)
+        inp_l = g.build_cvec(inp_l, il)
         g.cb(inp_l, "l_out", il)
 
     cur = g.build_norm(inp_l, model.output_norm, model.output_norm_b, LLM_NORM, -1)

@@ -86,6 +86,7 @@ def build(g: GraphContext) -> None:
                                   hp.expert_weights_scale, LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, il)
             g.cb(cur, "ffn_moe_out", il)
         cur = ggml.add(ffn_inp, cur)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
     g.build_output(inp_l)

@@ -191,6 +191,7 @@ def build(g: GraphContext) -> None:
         else:
             cur = build_latent_moe(g, layer, cur, il)
         prefix_sum = ggml.add(prefix_sum, cur)
+        prefix_sum = g.build_cvec(prefix_sum, il)
         g.cb(prefix_sum, "l_out", il)
         inp_l = prefix_sum
 

@@ -116,6 +116,7 @@ def build(g: GraphContext) -> None:
                                   LLM_FFN_SILU, LLM_FFN_PAR, il)
         g.cb(ffn_norm_out, "model.layers.{}.ffn_out", il)   # sic: names the norm's output
         cur = ggml.add(cur, ffn_out)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
 
     cur = g.build_norm(cur, model.output_norm, None, LLM_NORM_RMS, -1)

@@ -85,7 +85,8 @@ def build(g: GraphContext) -> None:
                               LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, il)
         g.cb(cur, "ffn_moe_out", il)
         cur = ggml.add(cur, ffn_inp)
-        g.cb(cur, "l_out", il)   # build_cvec returns cur without control vectors
+        cur = g.build_cvec(cur, il)
+        g.cb(cur, "l_out", il)
         inp_l = cur
 
     g.build_output(inp_l)

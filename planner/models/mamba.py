@@ -87,6 +87,7 @@ def build(g: GraphContext) -> None:
             cur = ggml.get_rows(cur, inp_out_ids)
             inp_l = ggml.get_rows(inp_l, inp_out_ids)
         cur = ggml.add(cur, inp_l)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
     g.build_output(inp_l)

@@ -96,6 +96,7 @@ def build(g: GraphContext) -> None:
                               LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, il)
         g.cb(cur, "ffn_moe_out", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -140,6 +140,7 @@ def build(g: GraphContext) -> None:
                                   il)
             g.cb(cur, "ffn_moe_out", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -132,6 +132,7 @@ def build(g: GraphContext) -> None:
         cur = ggml.scale(cur, scale_res)
         g.cb(cur, "hidden_scaled_ffn", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

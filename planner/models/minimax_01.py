@@ -126,6 +126,7 @@ def build(g: GraphContext) -> None:
         g.cb(residual, "residual_scaled_ffn", il)
         cur = ggml.add(cur, residual)
         g.cb(cur, "ffn_out", il)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
     g.build_output(inp_l)

@@ -78,6 +78,7 @@ def build(g: GraphContext) -> None:
                               hp.expert_weights_scale, hp.expert_gating_func, il)
         g.cb(cur, "ffn_moe_out", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

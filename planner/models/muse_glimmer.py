@@ -109,6 +109,7 @@ def build(g: GraphContext) -> None:
         cur = ggml.mul(cur, layer.ffn_post_norm)
         g.cb(cur, "ffn_post_norm", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

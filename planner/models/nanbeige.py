@@ -108,6 +108,7 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, ffn_inp)
         g.cb(cur, "ffn_out", il)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
         if n_loops > 1 and (il + 1) % n_phys == 0 and il + 1 < hp.n_layer and not hp.skip_loop_final_norm:

@@ -135,6 +135,7 @@ def build_ffn_layer(g: GraphContext, cur: Tensor, layer: Layer, il: int) -> Tens
         g.cb(ffn_shexp, "ffn_shexp", il)
         cur = ggml.add(moe_out, ffn_shexp)
         g.cb(cur, "ffn_out", il)
+    cur = g.build_cvec(cur, il)
     g.cb(cur, "l_out", il)
     return cur
 

@@ -86,6 +86,7 @@ def build(g: GraphContext) -> None:
                               gate_exps_b=layer.ffn_gate_exps_b, down_exps_b=layer.ffn_down_exps_b)
         g.cb(cur, "ffn_moe_out", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

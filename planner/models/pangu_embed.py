@@ -74,7 +74,8 @@ def build(g: GraphContext) -> None:
                           LLM_FFN_SILU, LLM_FFN_PAR, il)
         cur = ggml.add(cur, ffn_inp)
         g.cb(cur, "ffn_out", il)
-        g.cb(cur, "l_out", il)   # build_cvec returns cur without control vectors
+        cur = g.build_cvec(cur, il)
+        g.cb(cur, "l_out", il)
         inp_l = cur
 
     g.build_output(inp_l)

@@ -75,6 +75,7 @@ def build(g: GraphContext) -> None:
         g.cb(ffn_output, "ffn_out", il)
         cur = ggml.add(cur, ffn_output)
         cur = ggml.add(cur, inp_l)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -89,6 +89,7 @@ def build(g: GraphContext) -> None:
                                   hp.expert_weights_scale, LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, il)
             g.cb(cur, "ffn_moe_out", il)
         cur = ggml.add(residual, cur)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -73,6 +73,7 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, sa_out)
         cur = ggml.add(cur, inp_l)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

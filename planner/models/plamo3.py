@@ -116,6 +116,7 @@ def build(g: GraphContext) -> None:
         g.cb(cur, "ffn_post_norm", il)
         cur = ggml.add(cur, residual)
         g.cb(cur, "ffn_residual", il)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -165,6 +165,7 @@ def build_hybrid(g: GraphContext, attn, attn_linear, ffn, embd_name: str, post_n
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, ffn_residual)
         g.cb(cur, post_name, il)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

@@ -53,6 +53,7 @@ def build(g: GraphContext) -> None:
         g.cb(moe_out, "ffn_moe_out", il)
         cur = moe_out
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = add_deepstack(g, cur, il)
 

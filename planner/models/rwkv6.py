@@ -128,6 +128,7 @@ def build(g: GraphContext) -> None:
         cur = ggml.add(cur, ffn_inp)
         if hp.rescale_every_n_layers != 0 and (il + 1) % hp.rescale_every_n_layers == 0:
             cur = ggml.scale(cur, 0.5)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
     build_output_norm_b(g, inp_l, LLM_NORM)

@@ -108,6 +108,7 @@ def build_qwen_rwkv(g: GraphContext, time_mix) -> None:
                           LLM_FFN_SILU, LLM_FFN_PAR, il)
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
     build_output_norm_b(g, inp_l, LLM_NORM_RMS)

@@ -75,6 +75,7 @@ def build(g: GraphContext) -> None:
             x_prev = ggml.get_rows(x_prev, inp_out_ids)
         cur = build_rwkv7_channel_mix(g, layer, ffn_norm, x_prev)
         cur = ggml.add(cur, ffn_inp)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
     build_output_norm_b(g, inp_l, LLM_NORM)

@@ -96,7 +96,8 @@ def build(g: GraphContext) -> None:
                               hp.expert_gating_func, il, probs_in=probs)
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, ffn_inp)
-        g.cb(cur, "l_out", il)   # build_cvec returns cur without control vectors
+        cur = g.build_cvec(cur, il)
+        g.cb(cur, "l_out", il)
         inp_l = cur
 
     g.build_output(inp_l)

@@ -91,6 +91,7 @@ def build(g: GraphContext) -> None:
         skip = ggml.mul(inp_skip, layer.out_scale)
         g.cb(skip, "embd_skip", il)
         cur = ggml.add(cur, skip)
+        cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur
 

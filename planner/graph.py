@@ -226,13 +226,17 @@ class GraphContext:
         return ggml.add(cur, layer_dir) if layer_dir is not None else cur
 
     def check_loras(self) -> None:
-        """Every adapted weight the graph reads was multiplied as llama.cpp multiplies it: through
-        build_lora_mm (the adapters' branch), or plain where the builder says llama.cpp does
-        (lora_handled). A weight read any other way (a plain matmul in this graph, which llama.cpp may
-        or may not run through build_lora_mm) is not planned with adapters: refused."""
+        """Every adapted weight the graph multiplies was multiplied as llama.cpp multiplies it:
+        through build_lora_mm (the adapters' branch), or plain where the builder says llama.cpp does
+        (lora_handled). A weight that is the first source of a plain MUL_MAT/MUL_MAT_ID here, which
+        llama.cpp may or may not run through build_lora_mm, is not planned with adapters: refused.
+        A weight read otherwise (a convolution, a norm, get_rows, a view or reshape first) is read so
+        in llama.cpp too, whose build_lora_mm(_id) finds the adapter by the weight's own name: its
+        adapter tensors are loaded and never read."""
         adapted = {name for adapter, _ in self.loras for name in adapter.ab_map}
-        read = {s.name for t in self.gf.nodes for s in t.src if s is not None and s.buffer is not None}
-        missing = sorted((adapted & read) - self.lora_handled)
+        multiplied = {t.src[0].name for t in self.gf.nodes
+                      if t.op in ("MUL_MAT", "MUL_MAT_ID") and t.src[0].buffer is not None}
+        missing = sorted((adapted & multiplied) - self.lora_handled)
         if missing:
             raise NotImplementedError(f"a LoRA adapter of {missing[0]} on a {self.hparams.arch} model: its graph "
                                       f"multiplies that weight without build_lora_mm here, which is not verified "
@@ -581,6 +585,12 @@ class GraphContext:
             ab_cur = ggml.scale(ab_cur, scale)
             res = ggml.add(res, ab_cur)
         return res
+
+    def mul_mat_no_lora(self, w: Tensor, cur: Tensor) -> Tensor:
+        """ggml_mul_mat(ctx0, w, cur) of a weight, where llama.cpp's graph multiplies it so and not
+        through build_lora_mm: an adapter of the weight is loaded and never read (check_loras)."""
+        self.lora_handled.add(w.name)
+        return ggml.mul_mat(w, cur)
 
     def build_lora_mm_id(self, w: Tensor, cur: Tensor, ids: Tensor, w_s: Optional[Tensor] = None) -> Tensor:
         """build_lora_mm_id: MUL_MAT_ID, times the selected experts' scales where w_s is given."""
@@ -1098,7 +1108,7 @@ class GraphContext:
                 cur.src.append(sinks)
             if v_mla is not None:
                 cur = ggml.permute(cur, 0, 2, 1, 3)
-                cur = ggml.mul_mat(v_mla, cur)
+                cur = self.mul_mat_no_lora(v_mla, cur)
                 self.cb(cur, "fattn_mla", il)
                 cur = ggml.cont(ggml.permute(cur, 0, 2, 1, 3))
             cur = ggml.reshape(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
@@ -1202,14 +1212,14 @@ class GraphContext:
                             f"type {pooling})")
         if pooling == LLAMA_POOLING_TYPE_RANK:
             if model.cls is not None:   # the classification head
-                cur = ggml.mul_mat(model.cls, cur)
+                cur = self.mul_mat_no_lora(model.cls, cur)
                 if model.cls_b is not None:
                     cur = ggml.add(cur, model.cls_b)
                 cur = ggml.unary(cur, "GELU" if hp.arch == "modern-bert" else "TANH")
                 if model.cls_norm is not None:
                     cur = self.build_norm(cur, model.cls_norm, None, LLM_NORM, -1)
             if model.cls_out is not None:
-                cur = ggml.mul_mat(model.cls_out, cur)
+                cur = self.mul_mat_no_lora(model.cls_out, cur)
                 if model.cls_out_b is not None:
                     cur = ggml.add(cur, model.cls_out_b)
             if hp.arch in ("qwen3", "qwen3vl"):   # the qwen3 reranker's softmax

@@ -272,11 +272,17 @@ def test_an_output_head_llama_cpp_multiplies_plainly_takes_no_adapter(tmp_path):
     assert r["compute_buffers"] == base["compute_buffers"]
 
 
-def test_an_adapter_of_a_weight_multiplied_plainly_is_refused(tmp_path):
-    """deepseek2's attn_q_a is multiplied without build_lora_mm (in llama.cpp too, but the planner
-    cannot tell that from a matmul it builds plainly): not planned, one line."""
+def test_an_adapter_of_a_weight_multiplied_plainly_and_undeclared_is_refused(tmp_path, monkeypatch):
+    """A builder's plain matmul of a weight that does not say llama.cpp multiplies it plainly too
+    (GraphContext.mul_mat_no_lora) may be a build_lora_mm in llama.cpp: with an adapter of that
+    weight the plan is refused in one line, never a guess. (deepseek2's attn_q_a is declared, and
+    its goldens show llama.cpp reads no adapter there: planned.)"""
     from fixtures.make_gguf import write_lora_gguf
+    from schedplan.planner import ggml
+    from schedplan.planner.graph import GraphContext
     path = str(write_lora_gguf("tiny-deepseek3", tmp_path / "q.gguf", 8, ("blk.*.attn_q_a.weight",), 16.0))
+    assert plan("tiny-deepseek3", (path, 1.0))["lora"]["applied"]
+    monkeypatch.setattr(GraphContext, "mul_mat_no_lora", lambda self, w, cur: ggml.mul_mat(w, cur))
     with pytest.raises(NotImplementedError, match="LoRA adapter of blk.0.attn_q_a.weight on a deepseek2 model"):
         plan("tiny-deepseek3", (path, 1.0))
 

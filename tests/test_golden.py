@@ -10,7 +10,7 @@ import functools
 
 import pytest
 
-from fixtures.golden import canonical_endpoint, lavapipe_flags, load_goldens, lora_flags
+from fixtures.golden import ADAPTER_REFUSED, canonical_endpoint, lavapipe_flags, load_goldens, lora_flags
 from fixtures.make_gguf import header_path
 from schedplan.cli.options import parse_params
 from schedplan.planner.reserve import reserve
@@ -122,3 +122,5 @@ def test_refused_where_llama_cpp_refuses(golden):
     r = CliRunner().invoke(cli, ["reserve", str(header_path(case["model"])), *_flags(case), *draft])
     assert r.exit_code == 2 and r.output.startswith("error: ") and r.output.count("\n") == 1, \
         (golden["result"]["refused"], r.output)
+    reason = golden["result"]["refused"].partition(ADAPTER_REFUSED)[2]
+    assert reason in r.output, (reason, r.output)      # an adapter's: llama.cpp's reason, word for word

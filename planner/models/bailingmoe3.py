@@ -210,14 +210,14 @@ def build_kda(g: GraphContext, inp: MemHybridInput, cur: Tensor, il: int) -> Ten
     k = causal_conv1d(g, conv_states_all, conv_state_all, 1, cur, layer.wk, layer.ssm_k_conv, cache_head)
     v = causal_conv1d(g, conv_states_all, conv_state_all, 2, cur, layer.wv, layer.ssm_v_conv, cache_head)
 
-    gate = ggml.mul_mat(layer.ssm_f_a, cur)
+    gate = g.mul_mat_no_lora(layer.ssm_f_a, cur)
     gate = ggml.add(gate, layer.ssm_dt_b)
     gate = ggml.reshape(gate, head_dim, n_head, n_tokens)
     a = ggml.reshape(layer.ssm_a, 1, n_head, 1)
     gate = ggml.scale(ggml.unary(ggml.mul(gate, a), "SIGMOID"), hp.kda_gate_lower_bound)
     gate = ggml.reshape(gate, head_dim, n_head, n_seq_tokens, n_seqs)
     g.cb(gate, "kda_gate", il)
-    beta = ggml.mul_mat(layer.ssm_beta, cur)
+    beta = g.mul_mat_no_lora(layer.ssm_beta, cur)
     beta = ggml.unary(ggml.reshape(beta, 1, n_head, n_seq_tokens, n_seqs), "SIGMOID")
     q = build_gdn_l2_norm(q, hp.f_norm_rms_eps)
     k = build_gdn_l2_norm(k, hp.f_norm_rms_eps)
@@ -227,12 +227,12 @@ def build_kda(g: GraphContext, inp: MemHybridInput, cur: Tensor, il: int) -> Ten
     state = ggml.reshape(state, head_dim, head_dim, n_head, n_seqs)
     out = ggml.cont(build_recurrent_attn(g, rs, states_all, q, k, v, gate, beta, state, il))
 
-    out_gate = ggml.mul_mat(layer.ssm_g_a, cur)
+    out_gate = g.mul_mat_no_lora(layer.ssm_g_a, cur)
     out_gate = ggml.reshape(out_gate, head_dim, n_head, n_tokens)
     out = ggml.reshape(out, head_dim, n_head, n_tokens)
     out = g.build_norm(out, layer.ssm_o_norm, None, LLM_NORM_RMS, il)
     out = ggml.mul(out, ggml.unary(out_gate, "SIGMOID"))
-    cur = ggml.mul_mat(layer.wo, ggml.cont(out, d_inner, n_tokens))
+    cur = g.mul_mat_no_lora(layer.wo, ggml.cont(out, d_inner, n_tokens))
     g.cb(cur, "kda_out", il)
     return cur
 
@@ -256,19 +256,19 @@ def build_mla(g: GraphContext, inp: MemHybridInput, cur: Tensor, inp_pos: Tensor
 
     attn_input = cur
     if layer.wq_a is not None:
-        q_all = ggml.mul_mat(layer.wq_a, cur)
+        q_all = g.mul_mat_no_lora(layer.wq_a, cur)
         g.cb(q_all, "q_a", il)
         q_all = g.build_norm(q_all, layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
         g.cb(q_all, "q_a_norm", il)
-        q_all = ggml.mul_mat(layer.wq_b, q_all)
+        q_all = g.mul_mat_no_lora(layer.wq_b, q_all)
         g.cb(q_all, "q_b", il)
     else:
-        q_all = ggml.mul_mat(layer.wq, cur)
+        q_all = g.mul_mat_no_lora(layer.wq, cur)
     q_row = ggml.row_size(q_all.type, qk_head_dim)
     q_nope = ggml.view(q_all, (qk_nope_head_dim, n_head, n_tokens), (q_row, q_row * n_head), 0)
     q_pe = ggml.view(q_all, (qk_rope_head_dim, n_head, n_tokens), (q_row, q_row * n_head),
                      ggml.row_size(q_all.type, qk_nope_head_dim))
-    kv_all = ggml.mul_mat(layer.wkv_a_mqa, cur)
+    kv_all = g.mul_mat_no_lora(layer.wkv_a_mqa, cur)
     kv_row = ggml.row_size(kv_all.type, kv_lora_rank + qk_rope_head_dim)
     kv = ggml.view(kv_all, (kv_lora_rank, n_tokens), (kv_row,), 0)
     k_pe = ggml.view(kv_all, (qk_rope_head_dim, 1, n_tokens), (kv_row, kv_row), ggml.row_size(kv_all.type, kv_lora_rank))
@@ -277,17 +277,17 @@ def build_mla(g: GraphContext, inp: MemHybridInput, cur: Tensor, inp_pos: Tensor
     kv = g.build_norm(kv, layer.attn_kv_a_norm, None, LLM_NORM_RMS, il)
 
     q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
-    q_nope = ggml.mul_mat(layer.wk_b, q_nope)
+    q_nope = g.mul_mat_no_lora(layer.wk_b, q_nope)
     q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
     q = ggml.concat(q_nope, q_pe, 0)
     kv = ggml.reshape(kv, kv_lora_rank, 1, n_tokens)
     k = ggml.concat(kv, k_pe, 0)
     cur = g.build_attn(inp.attn, None, None, q, k, kv, kq_scale, il, v_mla=layer.wv_b)
 
-    attn_gate = ggml.mul_mat(layer.wqkv_gate, attn_input)
+    attn_gate = g.mul_mat_no_lora(layer.wqkv_gate, attn_input)
     attn_gate = ggml.unary(ggml.reshape(attn_gate, 1, n_head, n_tokens), "SIGMOID")
     cur = ggml.reshape(cur, v_head_dim, n_head, n_tokens)
     cur = ggml.mul(cur, attn_gate)
-    cur = ggml.mul_mat(layer.wo, ggml.cont(cur, v_head_dim * n_head, n_tokens))
+    cur = g.mul_mat_no_lora(layer.wo, ggml.cont(cur, v_head_dim * n_head, n_tokens))
     g.cb(cur, "mla_out", il)
     return cur

@@ -148,18 +148,18 @@ def build(g: GraphContext) -> None:
             g.cb(cur, "attn_out", il)
         else:
             if layer.wq is None:
-                q = ggml.mul_mat(layer.wq_a, cur)
+                q = g.mul_mat_no_lora(layer.wq_a, cur)
                 g.cb(q, "q", il)
                 q = g.build_norm(q, layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
                 g.cb(q, "q", il)
-                q = ggml.mul_mat(layer.wq_b, q)
+                q = g.mul_mat_no_lora(layer.wq_b, q)
             else:
-                q = ggml.mul_mat(layer.wq, cur)
+                q = g.mul_mat_no_lora(layer.wq, cur)
             g.cb(q, "q", il)
             q = ggml.reshape(q, n_embd_head_k, n_head, n_tokens)
             g.cb(q, "q", il)
 
-            kv_cmpr_pe = ggml.mul_mat(layer.wkv_a_mqa, cur)
+            kv_cmpr_pe = g.mul_mat_no_lora(layer.wkv_a_mqa, cur)
             g.cb(kv_cmpr_pe, "kv_cmpr_pe", il)
             row = ggml.row_size(kv_cmpr_pe.type, kv_lora_rank + n_embd_head_qk_rope)
             kv_cmpr = ggml.view(kv_cmpr_pe, (kv_lora_rank, n_tokens), (row,), 0)
@@ -186,7 +186,7 @@ def build(g: GraphContext) -> None:
                     g.cb(q_cur, "Qcur_attn_temp_scaled", il)
                 cur = g.build_attn(inp_attn, layer.wo, None, q_cur, k_cur, v_cur, kq_scale, il, v_mla=layer.wv_b)
             else:   # MLA without the absorption: MHA over K and V decompressed by wkv_b
-                kv = ggml.mul_mat(layer.wkv_b, kv_cmpr)
+                kv = g.mul_mat_no_lora(layer.wkv_b, kv_cmpr)
                 g.cb(kv, "kv", il)
                 row_kv = ggml.row_size(kv.type, n_embd_head_qk_nope + n_embd_head_v)
                 k_nope = ggml.view(kv, (n_embd_head_qk_nope, n_head, n_tokens), (row_kv, row_kv * n_head), 0)
@@ -253,7 +253,7 @@ def build_mla_absorbed(g: GraphContext, layer: Layer, q_nope: Tensor, q_pe: Tens
     kv_lora_rank, n_tokens = kv_cmpr.ne[0], kv_cmpr.ne[1]
     q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
     g.cb(q_nope, "q_nope_perm", il)
-    q_nope_absorbed = ggml.mul_mat(layer.wk_b, q_nope)
+    q_nope_absorbed = g.mul_mat_no_lora(layer.wk_b, q_nope)
     g.cb(q_nope_absorbed, "q_nope_absorbed", il)
     q_nope_absorbed = ggml.permute(q_nope_absorbed, 0, 2, 1, 3)
     g.cb(q_nope_absorbed, "q_nope_absorbed_perm", il)

@@ -148,7 +148,7 @@ def build_dsa(g: GraphContext, indexer_rope_type: int, is_indexer_full: Callable
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)
 
-        qr = ggml.mul_mat(layer.wq_a, cur)
+        qr = g.mul_mat_no_lora(layer.wq_a, cur)
         g.cb(qr, "qr", il)
         qr = g.build_norm(qr, layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
         g.cb(qr, "qr", il)
@@ -158,7 +158,7 @@ def build_dsa(g: GraphContext, indexer_rope_type: int, is_indexer_full: Callable
         else:   # a "shared" layer: the last full layer's top-k
             g.cb(top_k, "top_k", il)
 
-        q = ggml.mul_mat(layer.wq_b, qr)
+        q = g.mul_mat_no_lora(layer.wq_b, qr)
         g.cb(q, "q", il)
         row_q = ggml.row_size(q.type, n_embd_head_k)
         q_nope = ggml.view(q, (n_embd_head_qk_nope, n_head, n_tokens), (row_q, row_q * n_head), 0)
@@ -166,7 +166,7 @@ def build_dsa(g: GraphContext, indexer_rope_type: int, is_indexer_full: Callable
         q_pe = ggml.view(q, (n_embd_head_qk_rope, n_head, n_tokens), (row_q, row_q * n_head),
                          ggml.row_size(q.type, n_embd_head_qk_nope))
         g.cb(q_pe, "q_pe", il)
-        kv_cmpr_pe = ggml.mul_mat(layer.wkv_a_mqa, cur)
+        kv_cmpr_pe = g.mul_mat_no_lora(layer.wkv_a_mqa, cur)
         g.cb(kv_cmpr_pe, "kv_cmpr_pe", il)
         row = ggml.row_size(kv_cmpr_pe.type, kv_lora_rank + n_embd_head_qk_rope)
         kv_cmpr = ggml.view(kv_cmpr_pe, (kv_lora_rank, n_tokens), (row,), 0)
@@ -208,12 +208,12 @@ def build_lightning_indexer(g: GraphContext, inp_attn_dsa: AttnInputKDSA, layer:
     hp, n_tokens = g.hparams, g.ubatch.n_tokens
     n_indexer_head, n_embd_indexer_head = hp.indexer_n_head, hp.indexer_head_size
     kv_lid = inp_attn_dsa.kv.lid
-    indexer_q = ggml.mul_mat(layer.indexer_attn_q_b, qr)
+    indexer_q = g.mul_mat_no_lora(layer.indexer_attn_q_b, qr)
     g.cb(indexer_q, "indexer_q", il)
     indexer_q = ggml.reshape(indexer_q, n_embd_indexer_head, n_indexer_head, n_tokens)
     indexer_q = ggml.rope_ext(indexer_q, inp_pos, None, hp.n_rot(), rope_type, hp.n_ctx_orig_yarn)
     g.cb(indexer_q, "indexer_q", il)
-    indexer_k = ggml.mul_mat(layer.indexer_attn_k, cur)
+    indexer_k = g.mul_mat_no_lora(layer.indexer_attn_k, cur)
     g.cb(indexer_k, "indexer_k", il)
     indexer_k = g.build_norm(indexer_k, layer.indexer_k_norm, layer.indexer_k_norm_b, LLM_NORM, il)
     g.cb(indexer_k, "indexer_k", il)
@@ -226,7 +226,7 @@ def build_lightning_indexer(g: GraphContext, inp_attn_dsa: AttnInputKDSA, layer:
     indexer_k = ggml.mul_mat(inp_attn_dsa.k_rot_lid, indexer_k)
     g.cb(indexer_k, "indexer_k", il)
     ggml.build_forward_expand(g.gf, kv_lid.cpy_k(indexer_k, inp_attn_dsa.k_idxs_lid, il))
-    indexer_weights = ggml.mul_mat(layer.indexer_proj, cur)
+    indexer_weights = g.mul_mat_no_lora(layer.indexer_proj, cur)
     g.cb(indexer_weights, "indexer_weights", il)
     indexer_k = kv_lid.get_k(il)
     # the batch split into streams

@@ -218,7 +218,7 @@ def build(g: GraphContext) -> None:
     cur = g.build_norm(cur, model.output_norm, None, LLM_NORM_RMS, -1)
     g.cb(cur, "result_norm", -1)
     g.t_embd = cur
-    cur = ggml.mul_mat(model.output, cur)
+    cur = g.mul_mat_no_lora(model.output, cur)
     g.cb(cur, "result_output", -1)
     g.t_logits = cur
     ggml.build_forward_expand(g.gf, cur)
@@ -291,7 +291,7 @@ def build_hc_pre_mix(g: GraphContext, x: Tensor, hc_fn: Tensor, hc_scale: Tensor
         raise GGMLAbort(f"llama.cpp would abort (deepseek4.cpp build_hc_pre GGML_ASSERT(hc == 4)): "
                         f"{hc} hyper-connection streams")
     flat = ggml.reshape(x, hc * n_embd, nt)
-    mixes = ggml.mul_mat(hc_fn, ggml.rms_norm(flat, hp.f_norm_rms_eps))
+    mixes = g.mul_mat_no_lora(hc_fn, ggml.rms_norm(flat, hp.f_norm_rms_eps))
     g.cb(mixes, "hc_mixes", il)
     scale_pre, scale_post = _view_1d(hc_scale, 1, 0), _view_1d(hc_scale, 1, 1)
     base_pre, base_post = _view_1d(hc_base, hc, 0), _view_1d(hc_base, hc, hc)
@@ -338,7 +338,7 @@ def build_hc_head(g: GraphContext, x: Tensor, hc_fn: Tensor, hc_scale: Tensor, h
     """graph::build_hc_head: the output streams merged by weights from their RMS-normed mixes."""
     hp = g.hparams
     flat = ggml.reshape(x, hp.dsv4_hc_mult * hp.n_embd, x.ne[2])
-    mixes = ggml.mul_mat(hc_fn, ggml.rms_norm(flat, hp.f_norm_rms_eps))
+    mixes = g.mul_mat_no_lora(hc_fn, ggml.rms_norm(flat, hp.f_norm_rms_eps))
     g.cb(mixes, "hc_head_mixes", -1)
     pre = ggml.scale_bias(ggml.unary(_affine(mixes, hc_scale, hc_base), "SIGMOID"), 1.0, hp.dsv4_hc_eps)
     g.cb(pre, "hc_head_pre", -1)
@@ -363,16 +363,16 @@ def build_attention(g: GraphContext, layer: Layer, inp: DSV4Input, cur: Tensor, 
     o_group_dim = n_head // n_groups * n_embd_head
     ratio = hp.dsv4_compress_ratios[il]
 
-    qr = ggml.mul_mat(layer.wq_a, cur)
+    qr = g.build_lora_mm(layer.wq_a, cur)
     g.cb(qr, "qr", il)
     qr = g.build_norm(qr, layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
     g.cb(qr, "qr_norm", il)
-    q = ggml.reshape(ggml.mul_mat(layer.wq_b, qr), n_embd_head, n_head, nt)
+    q = ggml.reshape(g.build_lora_mm(layer.wq_b, qr), n_embd_head, n_head, nt)
     q = ggml.rms_norm(q, hp.f_norm_rms_eps)
     g.cb(q, "q_norm", il)
     q = ggml.rope_ext(q, inp_pos, None, n_rot, hp.rope_type, hp.n_ctx_orig_yarn)   # on the last n_rot values
     g.cb(q, "q", il)
-    kv = ggml.mul_mat(layer.wkv, cur)
+    kv = g.build_lora_mm(layer.wkv, cur)
     kv = g.build_norm(kv, layer.attn_kv_norm, None, LLM_NORM_RMS, il)
     kv = ggml.reshape(kv, n_embd_head, 1, nt)
     g.cb(kv, "kv_norm", il)
@@ -418,10 +418,10 @@ def build_attention(g: GraphContext, layer: Layer, inp: DSV4Input, cur: Tensor, 
     out = ggml.rope_ext_back(out, inp_pos, None, n_rot, hp.rope_type, hp.n_ctx_orig_yarn)
     g.cb(out, "attn_derope", il)
     out = ggml.permute(ggml.reshape(out, o_group_dim, n_groups, nt), 0, 2, 1, 3)
-    oa = ggml.mul_mat(layer.wo_a, out)
+    oa = g.mul_mat_no_lora(layer.wo_a, out)
     g.cb(oa, "attn_wo_a", il)
     oa = ggml.cont(ggml.permute(oa, 0, 2, 1, 3), o_lora_rank * n_groups, nt)
-    out = ggml.mul_mat(layer.wo_b, oa)
+    out = g.build_lora_mm(layer.wo_b, oa)
     g.cb(out, "attn_out", il)
     return out
 
@@ -430,9 +430,9 @@ def build_comp_state_rows(g: GraphContext, wkv: Tensor, wgate: Tensor, ape: Tens
                           name: str, il: int) -> tuple[Tensor, Tensor]:
     """A compressor's rows for this ubatch: the kv and score projections, the score plus the
     position-in-block embedding (ape's row of pos % ratio)."""
-    state_kv = ggml.mul_mat(wkv, cur)
+    state_kv = g.build_lora_mm(wkv, cur)
     g.cb(state_kv, f"{name}_state_kv", il)
-    state_score = ggml.mul_mat(wgate, cur)
+    state_score = g.build_lora_mm(wgate, cur)
     g.cb(state_score, f"{name}_state_score", il)
     state_score = ggml.add(state_score, ggml.get_rows(ape, inp.state_pos))
     g.cb(state_score, f"{name}_state_score_ape", il)
@@ -548,13 +548,13 @@ def build_lid_top_k(g: GraphContext, layer: Layer, inp: DSV4Input, qr: Tensor, c
     if head_idx < hp.n_rot():
         raise GGMLAbort(f"llama.cpp would abort (build_lid_top_k GGML_ASSERT): the indexer key length {head_idx} is "
                         f"below the rope dimensions {hp.n_rot()}")
-    q = ggml.reshape(ggml.mul_mat(layer.indexer_attn_q_b, qr), head_idx, n_head_idx, nt)
+    q = ggml.reshape(g.build_lora_mm(layer.indexer_attn_q_b, qr), head_idx, n_head_idx, nt)
     g.cb(q, "lid_q", il)
     q = ggml.rope_ext(q, inp_pos, None, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn)
     g.cb(q, "lid_q_rope", il)
     q = mul_mat_hadamard(q, inp.lid.k_rot)
     g.cb(q, "lid_q_rot", il)
-    weights = ggml.scale(ggml.mul_mat(layer.indexer_proj, cur), 1.0 / math.sqrt(head_idx * n_head_idx))
+    weights = ggml.scale(g.build_lora_mm(layer.indexer_proj, cur), 1.0 / math.sqrt(head_idx * n_head_idx))
     g.cb(weights, "lid_weights", il)
     k = inp.kv.lid.get_k(il)
     n_lid = inp.lid.kq_mask.ne[0]

@@ -328,7 +328,7 @@ def build_dspark_markov_head(g: GraphContext, tokens: ggml.Tensor) -> None:
             conf_inp_i = ggml.view(conf_inp, (conf_inp.ne[0], n_blocks), (block_drafts * conf_inp.nb[1],),
                                    i * conf_inp.nb[1])
             feat = ggml.concat(ggml.cont(conf_inp_i), w1_prev, 0)
-            conf = ggml.mul_mat(model.dspark_conf_proj, feat)
+            conf = g.mul_mat_no_lora(model.dspark_conf_proj, feat)
             if model.dspark_conf_proj_b is not None:
                 conf = ggml.add(conf, model.dspark_conf_proj_b)
             conf = ggml.unary(conf, "SIGMOID")

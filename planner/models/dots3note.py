@@ -145,7 +145,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)
         attn_inp = cur
-        qr = ggml.mul_mat(layer.wq_a, cur)
+        qr = g.mul_mat_no_lora(layer.wq_a, cur)
         g.cb(qr, "qr", il)
         qr = g.build_norm(qr, layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
         g.cb(qr, "qr", il)
@@ -153,7 +153,7 @@ def build(g: GraphContext) -> None:
         if not is_swa:   # the lightning indexer of the full-attention layers
             top_k = build_lightning_indexer(g, inp_attn.dsa, layer, cur, qr, inp_pos, LLAMA_ROPE_TYPE_NEOX, il)
 
-        q = ggml.mul_mat(layer.wq_b, qr)
+        q = g.mul_mat_no_lora(layer.wq_b, qr)
         g.cb(q, "q", il)
         row_q = ggml.row_size(q.type, n_embd_head_k_mla)
         q_nope = ggml.view(q, (n_embd_head_qk_nope, n_head_l, n_tokens), (row_q, row_q * n_head_l), 0)
@@ -161,7 +161,7 @@ def build(g: GraphContext) -> None:
         q_pe = ggml.view(q, (n_embd_head_qk_rope, n_head_l, n_tokens), (row_q, row_q * n_head_l),
                          ggml.row_size(q.type, n_embd_head_qk_nope))
         g.cb(q_pe, "q_pe", il)
-        kv_cmpr_pe = ggml.mul_mat(layer.wkv_a_mqa, cur)
+        kv_cmpr_pe = g.mul_mat_no_lora(layer.wkv_a_mqa, cur)
         g.cb(kv_cmpr_pe, "kv_cmpr_pe", il)
         row = ggml.row_size(kv_cmpr_pe.type, kv_lora_rank + n_embd_head_qk_rope)
         kv_cmpr = ggml.view(kv_cmpr_pe, (kv_lora_rank, n_tokens), (row,), 0)
@@ -185,7 +185,7 @@ def build(g: GraphContext) -> None:
         else:
             cur = g.build_attn_k_dsa(inp_attn.dsa, None, None, q_cur, k_cur, v_cur, layer.wv_b, top_k, kq_scale, il)
         g.cb(cur, "attn_out", il)
-        gate = ggml.mul_mat(layer.wqkv_gate, attn_inp)
+        gate = g.build_lora_mm(layer.wqkv_gate, attn_inp)
         g.cb(gate, "attn_gate", il)
         gate = ggml.unary(gate, "SIGMOID")
         g.cb(gate, "attn_gate_sigmoid", il)
@@ -194,7 +194,7 @@ def build(g: GraphContext) -> None:
         attn_3d = ggml.mul(attn_3d, gate_3d)
         g.cb(attn_3d, "attn_gated", il)
         cur = ggml.reshape(attn_3d, n_embd_head_v_mla * n_head_l, n_tokens)
-        cur = ggml.mul_mat(layer.wo, cur)
+        cur = g.build_lora_mm(layer.wo, cur, layer.wo_s)
         g.cb(cur, "attn_output", il)
 
         if il == hp.n_layer - 1:

@@ -109,7 +109,7 @@ def build(g: GraphContext) -> None:
     # the other altups projected from the active one, concatenated along the last dimension
     target_magnitude = calc_magnitude(inp_l)
     inp_repeated = ggml.repeat_4d(inp_l, n_embd, n_tokens, n_altup - 1, 1)
-    altup_added = ggml.mul_mat(model.altup_proj, inp_repeated)
+    altup_added = g.mul_mat_no_lora(model.altup_proj, inp_repeated)
     new_magnitude = calc_magnitude(altup_added)
     altup_added = ggml.div(ggml.mul(altup_added, target_magnitude), new_magnitude)
     inp_l = ggml.concat(inp_l, altup_added, 2)   # [n_embd, n_tokens, n_altup]
@@ -203,7 +203,7 @@ def build(g: GraphContext) -> None:
     row = ggml.row_size(cur.type, n_embd)
     alt_slice = ggml.view(cur, (n_embd, n_tokens, n_altup - 1), (row, ggml.row_size(cur.type, n_embd * n_tokens)),
                           n_embd * n_tokens * ggml.type_size(cur.type))
-    altup_unembd = ggml.mul_mat(model.altup_unembd_proj, alt_slice)
+    altup_unembd = g.mul_mat_no_lora(model.altup_unembd_proj, alt_slice)
     new_magnitude = calc_magnitude(altup_unembd)
     altup_unembd = ggml.div(ggml.mul(altup_unembd, target_magnitude), new_magnitude)
     g.cb(altup_unembd, "altup_unembd", -1)
@@ -248,7 +248,7 @@ def project_per_layer_inputs(g: GraphContext, inp_batch: Tensor, inp_per_layer: 
     """graph::project_per_layer_inputs: [n_embd_altup, n_tokens, n_layer]"""
     model, hp = g.model, g.hparams
     n_tokens = g.ubatch.n_tokens
-    proj = ggml.mul_mat(model.per_layer_model_proj, inp_batch)
+    proj = g.mul_mat_no_lora(model.per_layer_model_proj, inp_batch)
     proj = ggml.scale(proj, 1.0 / math.sqrt(hp.n_embd))
     proj = ggml.reshape(proj, hp.n_embd_altup, hp.n_layer, n_tokens)
     proj = g.build_norm(proj, model.per_layer_proj_norm, None, LLM_NORM_RMS, -1)
@@ -280,7 +280,7 @@ def altup_compute_router_modalities(g: GraphContext, x: Tensor, il: int) -> Tens
     layer = g.model.layers[il]
     router_inputs = g.build_norm(x, layer.altup_router_norm, None, LLM_NORM_RMS, il)
     router_inputs = ggml.scale(router_inputs, 1.0 / float(g.hparams.n_embd))
-    output = ggml.mul_mat(layer.altup_router, router_inputs)
+    output = g.mul_mat_no_lora(layer.altup_router, router_inputs)
     return ggml.unary(output, "TANH")
 
 

@@ -286,7 +286,7 @@ def _project_per_layer_inputs(g: GraphContext, inp_batch, inp_per_layer):
     """graph::project_per_layer_inputs: [n_embd_per_layer, n_tokens, n_layer]"""
     model, hp = g.model, g.hparams
     n_tokens = g.ubatch.n_tokens
-    proj = ggml.mul_mat(model.per_layer_model_proj, inp_batch)
+    proj = g.mul_mat_no_lora(model.per_layer_model_proj, inp_batch)
     proj = ggml.scale(proj, 1.0 / math.sqrt(hp.n_embd))
     proj = ggml.reshape(proj, hp.n_embd_per_layer, hp.n_layer, n_tokens)
     proj = g.build_norm(proj, model.per_layer_proj_norm, None, LLM_NORM_RMS, -1)

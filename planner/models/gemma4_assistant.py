@@ -102,7 +102,7 @@ def build(g: GraphContext) -> None:
     g.cb(x, "inp_embd_target", -1)
     xh = ggml.concat(x, inp_h, 0)
     g.cb(xh, "inp_xh", -1)
-    cur = ggml.mul_mat(model.nextn_proj_pre, xh)
+    cur = g.mul_mat_no_lora(model.nextn_proj_pre, xh)
     g.cb(cur, "pre_proj", -1)
 
     inp_attn = g.build_attn_inp_kv_iswa()
@@ -146,7 +146,7 @@ def build(g: GraphContext) -> None:
     logits = g.build_lora_mm(model.output, cur)
     g.cb(logits, "result_output", -1)
     g.t_logits = logits
-    h_next = ggml.mul_mat(model.nextn_proj_post, cur)
+    h_next = g.mul_mat_no_lora(model.nextn_proj_post, cur)
     g.cb(h_next, "h_nextn", -1)
     g.t_h_nextn = h_next
     ggml.build_forward_expand(g.gf, logits)

@@ -277,7 +277,7 @@ def build(g: GraphContext) -> None:
     g.cb(cur, "h_nextn", -1)
     g.cb(cur, "result_norm", -1)
     g.t_embd = cur
-    cur = ggml.mul_mat(model.output, cur)
+    cur = g.mul_mat_no_lora(model.output, cur)
     g.cb(cur, "result_output", -1)
     g.t_logits = cur
     ggml.build_forward_expand(g.gf, cur)
@@ -306,12 +306,12 @@ def build_kpool_select(g: GraphContext, layer: Layer, mem: MemoryHybridIdx, inp:
         raise GGMLAbort(f"llama.cpp would crash (a null pointer): the full indexer layer {il} has no k-pool "
                         f"indexer weights (blk.{il}.indexer.*)")
 
-    iq = ggml.reshape(ggml.mul_mat(layer.indexer_attn_q_b, qr), n_embd_indexer, n_indexer_head, n_tokens)
+    iq = ggml.reshape(g.mul_mat_no_lora(layer.indexer_attn_q_b, qr), n_embd_indexer, n_indexer_head, n_tokens)
     g.cb(iq, "indexer_q", il)
-    ik = g.build_norm(ggml.mul_mat(layer.indexer_attn_k, cur), layer.indexer_k_norm, layer.indexer_k_norm_b,
+    ik = g.build_norm(g.mul_mat_no_lora(layer.indexer_attn_k, cur), layer.indexer_k_norm, layer.indexer_k_norm_b,
                       LLM_NORM, il)
     g.cb(ik, "indexer_k", il)
-    ig = ggml.mul_mat(layer.indexer_kpool_gate, cur)
+    ig = g.mul_mat_no_lora(layer.indexer_kpool_gate, cur)
     g.cb(ig, "indexer_gate", il)
     # cache rows hold key | gate | pooled
     pzero = ggml.fill(ggml.new_tensor(ggml.T.F32, n_embd_indexer, n_tokens), 0.0)
@@ -346,7 +346,7 @@ def build_kpool_select(g: GraphContext, layer: Layer, mem: MemoryHybridIdx, inp:
     pooled = ggml.reshape(pooled, n_embd_indexer, 1, n_pool)
     g.cb(pooled, "indexer_pool_k", il)
 
-    weights = ggml.mul_mat(layer.indexer_proj, cur)
+    weights = g.mul_mat_no_lora(layer.indexer_proj, cur)
     weights = ggml.scale(weights, 1.0 / math.sqrt(float(n_embd_indexer * n_indexer_head)))
     g.cb(weights, "indexer_weights", il)
     # cparams.fused_lid is always on
@@ -404,14 +404,14 @@ def build_dsa_layer(g: GraphContext, layer: Layer, mem: MemoryHybridIdx, inp_att
         raise GGMLAbort(f"llama.cpp would abort (glm5-next.cpp GGML_ASSERT(n_rot() == 0), \"GLM5-Next MLA is "
                         f"nope-only\"): the DSA layer {il} has {hp.n_rot()} rope dimensions")
 
-    qr = g.build_norm(ggml.mul_mat(layer.wq_a, cur), layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
+    qr = g.build_norm(g.mul_mat_no_lora(layer.wq_a, cur), layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
     g.cb(qr, "q_resid", il)
-    q = ggml.reshape(ggml.mul_mat(layer.wq_b, qr), n_embd_head_qk_nope, n_head, n_tokens)
-    kv_cmpr = g.build_norm(ggml.mul_mat(layer.wkv_a_mqa, cur), layer.attn_kv_a_norm, None, LLM_NORM_RMS, il)
+    q = ggml.reshape(g.mul_mat_no_lora(layer.wq_b, qr), n_embd_head_qk_nope, n_head, n_tokens)
+    kv_cmpr = g.build_norm(g.mul_mat_no_lora(layer.wkv_a_mqa, cur), layer.attn_kv_a_norm, None, LLM_NORM_RMS, il)
     kv_cmpr = ggml.reshape(kv_cmpr, kv_lora_rank, 1, n_tokens)
     g.cb(kv_cmpr, "kv_cmpr", il)
     # absorb wk_b so the cache holds only the latent
-    q_absorbed = ggml.permute(ggml.mul_mat(layer.wk_b, ggml.permute(q, 0, 2, 1, 3)), 0, 2, 1, 3)
+    q_absorbed = ggml.permute(g.mul_mat_no_lora(layer.wk_b, ggml.permute(q, 0, 2, 1, 3)), 0, 2, 1, 3)
     g.cb(q_absorbed, "q_absorbed", il)
     kq_mask = inp_attn.kq_mask
 
@@ -441,7 +441,7 @@ def build_dsa_layer(g: GraphContext, layer: Layer, mem: MemoryHybridIdx, inp_att
         kq = ggml.soft_max_ext(kq, inp.gather_mask, kq_scale, 0.0)
         g.cb(kq, "kq_soft_max_gathered", il)
         v_t = ggml.cont(ggml.transpose(k_g))                                 # [n_sel, kv_lora_rank, 1, n_tokens]
-        kqv = ggml.mul_mat(layer.wv_b, ggml.mul_mat(v_t, kq))                # [n_embd_head_v, 1, n_head, n_tokens]
+        kqv = g.mul_mat_no_lora(layer.wv_b, ggml.mul_mat(v_t, kq))                # [n_embd_head_v, 1, n_head, n_tokens]
         g.cb(kqv, "kqv_gathered", il)
         out = ggml.cont(ggml.permute(kqv, 0, 2, 1, 3))
         out = ggml.reshape(out, kqv.ne[0] * n_head, n_tokens)
@@ -453,6 +453,6 @@ def build_dsa_layer(g: GraphContext, layer: Layer, mem: MemoryHybridIdx, inp_att
         v = ggml.view(k, (kv_lora_rank, k.ne[1], k.ne[2], k.ne[3]), (k.nb[1], k.nb[2], k.nb[3]), 0)
         out = g.build_attn_mha(q_absorbed, k, v, mask, kq_scale, il, v_mla=layer.wv_b)
     g.cb(out, "kqv_out", il)
-    out = ggml.mul_mat(layer.wo, out)
+    out = g.mul_mat_no_lora(layer.wo, out)
     g.cb(out, "attn_out", il)
     return out, prev_sel

@@ -148,8 +148,8 @@ def build_switched_lora_delta(lora_a, lora_b, cur, ids):
     return ggml.reshape(d, d.ne[0], n_tokens)
 
 
-def build_switched_lora_mm(w, lora_a, lora_b, cur, ids):
-    base = ggml.mul_mat(w, cur)
+def build_switched_lora_mm(g: GraphContext, w, lora_a, lora_b, cur, ids):
+    base = g.mul_mat_no_lora(w, cur)
     return ggml.add(base, build_switched_lora_delta(lora_a, lora_b, cur, ids))
 
 
@@ -160,7 +160,7 @@ def build_attention_layer(g: GraphContext, cur, inp_pos, adapter_ids, inp_attn, 
     hp, layer = g.hparams, g.model.layers[il]
     sl, n_tokens = layer.switch_lora, g.ubatch.n_tokens
     n_head, n_head_kv = hp.n_head(il), hp.n_head_kv(il)
-    qkv = ggml.mul_mat(layer.wqkv, cur)
+    qkv = g.mul_mat_no_lora(layer.wqkv, cur)
     g.cb(qkv, "wqkv", il)
     n_embd_q, n_embd_kv = n_embd_head * n_head, n_embd_head * n_head_kv
     esize = ggml.type_size(qkv.type)
@@ -182,7 +182,7 @@ def build_attention_layer(g: GraphContext, cur, inp_pos, adapter_ids, inp_attn, 
     g.cb(v, "Vcur", il)
     attn = g.build_attn(inp_attn, None, None, q, k, v, kq_scale_for(hp, n_embd_head), il)
     g.cb(attn, "attn_pre_o", il)
-    cur = build_switched_lora_mm(layer.wo, sl.a_o, sl.b_o, attn, adapter_ids)
+    cur = build_switched_lora_mm(g, layer.wo, sl.a_o, sl.b_o, attn, adapter_ids)
     g.cb(cur, "attn_out", il)
     return cur
 
@@ -197,11 +197,11 @@ def build_layer_ffn(g: GraphContext, cur, inp_sa, adapter_ids, il: int):
     g.cb(ffn_inp, "ffn_inp", il)
     cur = g.build_norm(ffn_inp, layer.ffn_norm, None, LLM_NORM_RMS, il)
     g.cb(cur, "ffn_norm", il)
-    gate = build_switched_lora_mm(layer.ffn_gate, sl.a_gate, sl.b_gate, cur, adapter_ids)
-    up = build_switched_lora_mm(layer.ffn_up, sl.a_up, sl.b_up, cur, adapter_ids)
+    gate = build_switched_lora_mm(g, layer.ffn_gate, sl.a_gate, sl.b_gate, cur, adapter_ids)
+    up = build_switched_lora_mm(g, layer.ffn_up, sl.a_up, sl.b_up, cur, adapter_ids)
     gate = ggml.unary(gate, "SILU")
     gu = ggml.mul(gate, up)
-    cur = build_switched_lora_mm(layer.ffn_down, sl.a_down, sl.b_down, gu, adapter_ids)
+    cur = build_switched_lora_mm(g, layer.ffn_down, sl.a_down, sl.b_down, gu, adapter_ids)
     g.cb(cur, "ffn_out", il)
     if hp.f_residual_scale:
         cur = ggml.scale(cur, hp.f_residual_scale)

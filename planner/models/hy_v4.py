@@ -139,7 +139,7 @@ def build_hc_pre(g: GraphContext, x: Tensor, hc_fn: Tensor, hc_scale: Tensor, hc
     hc, n_embd, nt = hp.dsv4_hc_mult, hp.n_embd, x.ne[2]
     flat = ggml.reshape(x, hc * n_embd, nt)
     flat_norm = ggml.rms_norm(flat, hp.f_norm_rms_eps)
-    mixes = ggml.mul_mat(hc_fn, flat_norm)
+    mixes = g.mul_mat_no_lora(hc_fn, flat_norm)
     g.cb(mixes, "hc_mixes", il)
     scale_pre = ggml.view(hc_scale, (1,), (), 0)
     scale_post = ggml.view(hc_scale, (1,), (), ggml.row_size(hc_scale.type, 1))
@@ -183,7 +183,7 @@ def build_hc_head(g: GraphContext, x: Tensor) -> Tensor:
     hc, n_embd, nt = hp.dsv4_hc_mult, hp.n_embd, x.ne[2]
     flat = ggml.reshape(x, hc * n_embd, nt)
     flat_norm = ggml.rms_norm(flat, hp.f_norm_rms_eps)
-    mixes = ggml.mul_mat(model.hc_head_fn, flat_norm)
+    mixes = g.mul_mat_no_lora(model.hc_head_fn, flat_norm)
     g.cb(mixes, "hc_head_mixes", -1)
     pre = ggml.mul(mixes, model.hc_head_scale)
     pre = ggml.add(pre, model.hc_head_base)
@@ -201,12 +201,12 @@ def build_indexer_top_k(g: GraphContext, inp_attn_dsa, layer: Layer, cur: Tensor
     n_tokens = g.ubatch.n_tokens
     n_indexer_head, n_embd_indexer = hp.indexer_n_head, hp.indexer_head_size
     n_embd_indexer_nope = n_embd_indexer - hp.n_rot()
-    iq = ggml.mul_mat(layer.indexer_attn_q_b, qr)
+    iq = g.mul_mat_no_lora(layer.indexer_attn_q_b, qr)
     iq = ggml.reshape(iq, n_embd_indexer, n_indexer_head, n_tokens)
     iq = ggml.rope_set_offset(ggml.rope_ext(iq, inp_pos, None, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn),
                               n_embd_indexer_nope)
     g.cb(iq, "indexer_q", il)
-    ik = ggml.mul_mat(layer.indexer_attn_k, cur)
+    ik = g.mul_mat_no_lora(layer.indexer_attn_k, cur)
     ik = g.build_norm(ik, layer.indexer_k_norm, layer.indexer_k_norm_b, LLM_NORM, il)
     ik = ggml.reshape(ik, n_embd_indexer, 1, n_tokens)
     ik = ggml.rope_set_offset(ggml.rope_ext(ik, inp_pos, None, hp.n_rot(), hp.rope_type, hp.n_ctx_orig_yarn),
@@ -214,7 +214,7 @@ def build_indexer_top_k(g: GraphContext, inp_attn_dsa, layer: Layer, cur: Tensor
     g.cb(ik, "indexer_k", il)
     kv_lid = inp_attn_dsa.kv.lid
     ggml.build_forward_expand(g.gf, kv_lid.cpy_k(ik, inp_attn_dsa.k_idxs_lid, il))
-    iw = ggml.mul_mat(layer.indexer_proj, cur)
+    iw = g.mul_mat_no_lora(layer.indexer_proj, cur)
     ik = kv_lid.get_k(il)
     n_stream = ik.ne[3]
     iq = ggml.view(iq, (iq.ne[0], iq.ne[1], iq.ne[2] // n_stream, n_stream),
@@ -239,14 +239,14 @@ def build_attention(g: GraphContext, inp_attn, layer: Layer, cur: Tensor, inp_po
     n_embd_head_qk_nope = n_embd_head_k - n_embd_head_qk_rope
     kv_lora_rank = hp.n_lora_kv
     if qr is None:
-        qr = ggml.mul_mat(layer.wq_a, cur)
+        qr = g.mul_mat_no_lora(layer.wq_a, cur)
         qr = g.build_norm(qr, layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
-    q = ggml.mul_mat(layer.wq_b, qr)
+    q = g.mul_mat_no_lora(layer.wq_b, qr)
     row_q = ggml.row_size(q.type, n_embd_head_k)
     q_nope = ggml.view(q, (n_embd_head_qk_nope, n_head, n_tokens), (row_q, row_q * n_head), 0)
     q_pe = ggml.view(q, (n_embd_head_qk_rope, n_head, n_tokens), (row_q, row_q * n_head),
                      ggml.row_size(q.type, n_embd_head_qk_nope))
-    kv_cmpr_pe = ggml.mul_mat(layer.wkv_a_mqa, cur)
+    kv_cmpr_pe = g.mul_mat_no_lora(layer.wkv_a_mqa, cur)
     row = ggml.row_size(kv_cmpr_pe.type, kv_lora_rank + n_embd_head_qk_rope)
     kv_cmpr = ggml.view(kv_cmpr_pe, (kv_lora_rank, n_tokens), (row,), 0)
     k_pe = ggml.view(kv_cmpr_pe, (n_embd_head_qk_rope, 1, n_tokens), (row, row),
@@ -258,7 +258,7 @@ def build_attention(g: GraphContext, inp_attn, layer: Layer, cur: Tensor, inp_po
     kv_cmpr = g.build_norm(kv_cmpr, layer.attn_kv_a_norm, None, LLM_NORM_RMS, il)
     g.cb(kv_cmpr, "kv_cmpr", il)
     q_nope = ggml.permute(q_nope, 0, 2, 1, 3)
-    q_nope_absorbed = ggml.permute(ggml.mul_mat(layer.wk_b, q_nope), 0, 2, 1, 3)
+    q_nope_absorbed = ggml.permute(g.mul_mat_no_lora(layer.wk_b, q_nope), 0, 2, 1, 3)
     q_cur = ggml.concat(q_nope_absorbed, q_pe, 0)   # rope last: build_rope_shift works in place
     kv_cmpr = ggml.reshape(kv_cmpr, kv_lora_rank, 1, n_tokens)
     k_cur = ggml.concat(kv_cmpr, k_pe, 0)
@@ -268,7 +268,7 @@ def build_attention(g: GraphContext, inp_attn, layer: Layer, cur: Tensor, inp_po
         attn = g.build_attn_k_dsa(inp_attn, None, None, q_cur, k_cur, kv_cmpr, layer.wv_b, top_k, kq_scale, il,
                                   layer.attn_sinks)
     g.cb(attn, "attn_kqv", il)
-    gate = ggml.unary(ggml.mul_mat(layer.wqkv_gate, cur), "SIGMOID")
+    gate = ggml.unary(g.mul_mat_no_lora(layer.wqkv_gate, cur), "SIGMOID")
     attn = ggml.mul(attn, gate)
     g.cb(attn, "attn_gated", il)
     out = g.build_lora_mm(layer.wo, attn)
@@ -298,7 +298,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(cur, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)
         if is_dsa:
-            qr = ggml.mul_mat(layer.wq_a, cur)
+            qr = g.mul_mat_no_lora(layer.wq_a, cur)
             qr = g.build_norm(qr, layer.attn_q_a_norm, None, LLM_NORM_RMS, il)
             if hp.is_indexer_full(il):
                 last_top_k = build_indexer_top_k(g, inp_attn, layer, cur, qr, inp_pos, il)
@@ -339,7 +339,7 @@ def build(g: GraphContext) -> None:
     cur = g.build_norm(cur, model.output_norm, None, LLM_NORM_RMS, -1)
     g.cb(cur, "result_norm", -1)
     g.t_embd = cur
-    cur = ggml.mul_mat(model.output, cur)
+    cur = g.mul_mat_no_lora(model.output, cur)
     g.cb(cur, "result_output", -1)
     g.t_logits = cur
     ggml.build_forward_expand(g.gf, cur)

@@ -184,9 +184,9 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(cur, layer.ffn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "ffn_norm", il)
         if il < hp.n_layer_dense_lead:
-            cur = build_situ(ggml.mul_mat(layer.ffn_gate, cur), ggml.mul_mat(layer.ffn_up, cur), hp.situ_beta,
+            cur = build_situ(g.mul_mat_no_lora(layer.ffn_gate, cur), g.mul_mat_no_lora(layer.ffn_up, cur), hp.situ_beta,
                              hp.situ_linear_beta)
-            cur = ggml.mul_mat(layer.ffn_down, cur)
+            cur = g.mul_mat_no_lora(layer.ffn_down, cur)
             g.cb(cur, "ffn_out", il)
         else:
             cur = build_latent_moe(g, layer, cur, il)
@@ -200,7 +200,7 @@ def build(g: GraphContext) -> None:
     cur = g.build_norm(cur, model.output_norm, None, LLM_NORM_RMS, -1)
     g.cb(cur, "result_norm", -1)
     g.t_embd = cur
-    cur = ggml.mul_mat(model.output, cur)
+    cur = g.mul_mat_no_lora(model.output, cur)
     g.cb(cur, "result_output", -1)
     g.t_logits = cur
     ggml.build_forward_expand(g.gf, cur)
@@ -273,7 +273,7 @@ def build_kda(g: GraphContext, inp: RSInput, layer: Layer, cur: Tensor, il: int,
     g.cb(k, "kda_k_conv", il)
     g.cb(v, "kda_v_conv", il)
 
-    g1 = ggml.add(ggml.mul_mat(layer.ssm_f_b, ggml.mul_mat(layer.ssm_f_a, cur)), layer.ssm_dt_b)
+    g1 = ggml.add(g.mul_mat_no_lora(layer.ssm_f_b, g.mul_mat_no_lora(layer.ssm_f_a, cur)), layer.ssm_dt_b)
     a = ggml.reshape(layer.ssm_a, 1, n_head, 1)
     if hp.kda_gate_lower_bound > float("-inf"):
         g1 = ggml.mul(ggml.reshape(g1, head_dim, n_head, n_tokens), a)
@@ -282,7 +282,7 @@ def build_kda(g: GraphContext, inp: RSInput, layer: Layer, cur: Tensor, il: int,
         g1 = ggml.mul(ggml.reshape(ggml.unary(g1, "SOFTPLUS"), head_dim, n_head, n_tokens), a)
     g.cb(g1, "kda_g1", il)
     g1 = ggml.reshape(g1, head_dim, n_head, n_seq_tokens, n_seqs)
-    beta = ggml.reshape(ggml.mul_mat(layer.ssm_beta, cur), 1, n_head, n_seq_tokens, n_seqs)
+    beta = ggml.reshape(g.mul_mat_no_lora(layer.ssm_beta, cur), 1, n_head, n_seq_tokens, n_seqs)
     beta = ggml.unary(beta, "SIGMOID")
     g.cb(beta, "kda_beta", il)
 
@@ -295,17 +295,17 @@ def build_kda(g: GraphContext, inp: RSInput, layer: Layer, cur: Tensor, il: int,
     g.cb(output, "kda_scan_out", il)
 
     if low_rank_gate:
-        g2 = ggml.mul_mat(layer.ssm_g_b, ggml.mul_mat(layer.ssm_g_a, cur))
+        g2 = g.mul_mat_no_lora(layer.ssm_g_b, g.mul_mat_no_lora(layer.ssm_g_a, cur))
     else:
         cur_3d = ggml.reshape(cur, cur.ne[0], n_seq_tokens, n_seqs)
-        g2 = ggml.mul_mat(layer.ssm_g, ggml.reshape(cur_3d, cur_3d.ne[0], n_seq_tokens * n_seqs))
+        g2 = g.mul_mat_no_lora(layer.ssm_g, ggml.reshape(cur_3d, cur_3d.ne[0], n_seq_tokens * n_seqs))
     g2 = ggml.reshape(g2, head_dim, n_head, n_tokens)
     o = ggml.reshape(output, head_dim, n_head, n_tokens)
     normed = g.build_norm(o, layer.ssm_o_norm, None, LLM_NORM_RMS, il)
     g.cb(g2, "kda_g2", il)
     g.cb(normed, "kda_normed", il)
     gated = ggml.cont(ggml.mul(normed, ggml.unary(g2, "SIGMOID")), d_inner, n_tokens)
-    cur = ggml.mul_mat(layer.wo, gated)
+    cur = g.mul_mat_no_lora(layer.wo, gated)
     g.cb(cur, "kda_out", il)
     return cur
 
@@ -331,11 +331,11 @@ def build_mla(g: GraphContext, inp, layer: Layer, cur: Tensor, il: int) -> Tenso
                         f"which is not built without key_length_mla and value_length_mla")
     inp_gate = cur
     if layer.wq_a is not None:
-        q = ggml.mul_mat(layer.wq_b, g.build_norm(ggml.mul_mat(layer.wq_a, cur), layer.attn_q_a_norm, None,
+        q = g.mul_mat_no_lora(layer.wq_b, g.build_norm(g.mul_mat_no_lora(layer.wq_a, cur), layer.attn_q_a_norm, None,
                                                   LLM_NORM_RMS, il))
     else:
-        q = ggml.mul_mat(layer.wq, cur)
-    kv_cmpr_pe = ggml.mul_mat(layer.wkv_a_mqa, cur)
+        q = g.mul_mat_no_lora(layer.wq, cur)
+    kv_cmpr_pe = g.mul_mat_no_lora(layer.wkv_a_mqa, cur)
     row = ggml.row_size(kv_cmpr_pe.type, kv_lora_rank + n_embd_head_qk_rope)
     kv_cmpr = ggml.view(kv_cmpr_pe, (kv_lora_rank, n_tokens), (row,), 0)
     k_pe = ggml.view(kv_cmpr_pe, (n_embd_head_qk_rope, 1, n_tokens), (row, row),
@@ -345,15 +345,15 @@ def build_mla(g: GraphContext, inp, layer: Layer, cur: Tensor, il: int) -> Tenso
     q_nope = ggml.view(q, (n_embd_head_qk_nope, n_head, n_tokens), (q_row, q_row * n_head), 0)
     q_pe = ggml.view(q, (n_embd_head_qk_rope, n_head, n_tokens), (q_row, q_row * n_head),
                      ggml.row_size(q.type, n_embd_head_qk_nope))
-    q_nope_absorbed = ggml.permute(ggml.mul_mat(layer.wk_b, ggml.permute(q_nope, 0, 2, 1, 3)), 0, 2, 1, 3)
+    q_nope_absorbed = ggml.permute(g.mul_mat_no_lora(layer.wk_b, ggml.permute(q_nope, 0, 2, 1, 3)), 0, 2, 1, 3)
     q_cur = ggml.concat(q_nope_absorbed, q_pe, 0)
     kv_cmpr_3d = ggml.reshape(kv_cmpr, kv_lora_rank, 1, n_tokens)
     k_cur = ggml.concat(kv_cmpr_3d, k_pe, 0)
     out = g.build_attn(inp, None, None, q_cur, k_cur, kv_cmpr_3d, kq_scale, il, v_mla=layer.wv_b)
     if layer.wqkv_gate is not None:
-        out = ggml.mul(out, ggml.unary(ggml.mul_mat(layer.wqkv_gate, inp_gate), "SIGMOID"))
+        out = ggml.mul(out, ggml.unary(g.mul_mat_no_lora(layer.wqkv_gate, inp_gate), "SIGMOID"))
         g.cb(out, "mla_gated", il)
-    out = ggml.mul_mat(layer.wo, out)
+    out = g.mul_mat_no_lora(layer.wo, out)
     g.cb(out, "mla_out", il)
     return out
 
@@ -364,8 +364,8 @@ def build_latent_moe(g: GraphContext, layer: Layer, cur: Tensor, il: int) -> Ten
     the full-width input."""
     hp = g.hparams
     identity = cur
-    routed_in = ggml.mul_mat(layer.ffn_routed_down, cur) if layer.ffn_routed_down is not None else cur
-    logits = ggml.mul_mat(layer.ffn_gate_inp, identity)
+    routed_in = g.mul_mat_no_lora(layer.ffn_routed_down, cur) if layer.ffn_routed_down is not None else cur
+    logits = g.mul_mat_no_lora(layer.ffn_gate_inp, identity)
     g.cb(logits, "ffn_moe_logits", il)
     moe_out = g.build_moe_ffn(routed_in, None, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
                               layer.ffn_exp_probs_b, hp.n_expert, hp.n_expert_used(), LLM_FFN_SITU,
@@ -375,14 +375,14 @@ def build_latent_moe(g: GraphContext, layer: Layer, cur: Tensor, il: int) -> Ten
     if layer.ffn_routed_norm is not None:
         moe_out = g.build_norm(moe_out, layer.ffn_routed_norm, None, LLM_NORM_RMS, il)
     if layer.ffn_routed_up is not None:
-        moe_out = ggml.mul_mat(layer.ffn_routed_up, moe_out)
+        moe_out = g.mul_mat_no_lora(layer.ffn_routed_up, moe_out)
     if layer.ffn_gate_shexp is not None:
         if layer.ffn_up_shexp is None or layer.ffn_down_shexp is None:
             raise GGMLAbort(f"llama.cpp would crash (a null pointer): blk.{il}.ffn_gate_shexp.weight without "
                             f"ffn_up_shexp and ffn_down_shexp")
-        sh = build_situ(ggml.mul_mat(layer.ffn_gate_shexp, identity), ggml.mul_mat(layer.ffn_up_shexp, identity),
+        sh = build_situ(g.mul_mat_no_lora(layer.ffn_gate_shexp, identity), g.mul_mat_no_lora(layer.ffn_up_shexp, identity),
                         hp.situ_beta, hp.situ_linear_beta)
-        sh = ggml.mul_mat(layer.ffn_down_shexp, sh)
+        sh = g.mul_mat_no_lora(layer.ffn_down_shexp, sh)
         g.cb(sh, "ffn_shexp", il)
         moe_out = ggml.add(moe_out, sh)
     g.cb(moe_out, "ffn_out", il)

@@ -185,7 +185,7 @@ def causal_conv1d(g: GraphContext, conv_states_all: Tensor, conv_state_all: Tens
     es = ggml.type_size(conv_state_all.type)
     conv_state_x = ggml.view(conv_state_all, (d_conv - 1, d_inner, n_seqs), ((d_conv - 1) * es, n_embd_r_total * es),
                              qkv * conv_state_size * es)
-    x_proj = ggml.mul_mat(proj_w, x) if proj_w is not None else x
+    x_proj = g.mul_mat_no_lora(proj_w, x) if proj_w is not None else x
     x_3d = ggml.reshape(x_proj, d_inner, n_seq_tokens, n_seqs)
     conv_x = ggml.concat(conv_state_x, ggml.transpose(x_3d), 0)
     last_conv_x = ggml.view(conv_x, (d_conv - 1, d_inner, n_seqs), (conv_x.nb[1], conv_x.nb[2]),
@@ -217,7 +217,7 @@ def build_kda(g: GraphContext, inp: RSInput, cur: Tensor, il: int) -> Tensor:
     q_in = k_in = v_in = cur
     q_w, k_w, v_w = layer.wq, layer.wk, layer.wv
     if layer.wqkv is not None:
-        qkv = ggml.mul_mat(layer.wqkv, cur)
+        qkv = g.mul_mat_no_lora(layer.wqkv, cur)
         es = ggml.type_size(qkv.type)
         q_in, k_in, v_in = (ggml.cont(ggml.view(qkv, (d_inner, n_tokens), (qkv.nb[1],), j * d_inner * es))
                             for j in range(3))
@@ -226,8 +226,8 @@ def build_kda(g: GraphContext, inp: RSInput, cur: Tensor, il: int) -> Tensor:
     k = causal_conv1d(g, conv_states_all, conv_state_all, 1, k_in, k_w, layer.ssm_k_conv, kv_head)
     v = causal_conv1d(g, conv_states_all, conv_state_all, 2, v_in, v_w, layer.ssm_v_conv, kv_head)
 
-    f_a = ggml.mul_mat(layer.ssm_f_a, cur)
-    g1 = ggml.mul_mat(layer.ssm_f_b, f_a)
+    f_a = g.mul_mat_no_lora(layer.ssm_f_a, cur)
+    g1 = g.mul_mat_no_lora(layer.ssm_f_b, f_a)
     g.cb(g1, "g1 f_b(f_a(cur))", il)
     g1 = ggml.add(g1, layer.ssm_dt_b)
     g1 = ggml.unary(g1, "SOFTPLUS")
@@ -235,7 +235,7 @@ def build_kda(g: GraphContext, inp: RSInput, cur: Tensor, il: int) -> Tensor:
     g1 = ggml.mul(g1, ggml.reshape(layer.ssm_a, 1, n_head, 1))   # A_log is -exp(A_log) already
     g.cb(g1, "kda_g1", il)
     g1 = ggml.reshape(g1, head_dim, n_head, n_seq_tokens, n_seqs)
-    beta = ggml.mul_mat(layer.ssm_beta, cur)
+    beta = g.mul_mat_no_lora(layer.ssm_beta, cur)
     beta = ggml.reshape(beta, 1, n_head, n_seq_tokens, n_seqs)
     g.cb(beta, "kda_beta", il)
     beta = ggml.unary(beta, "SIGMOID")
@@ -256,8 +256,8 @@ def build_kda(g: GraphContext, inp: RSInput, cur: Tensor, il: int) -> Tensor:
     ggml.build_forward_expand(g.gf, ggml.cpy(new_state, dst))
 
     cur_2d = ggml.reshape(cur, cur.ne[0], n_seq_tokens * n_seqs)
-    g_a = ggml.mul_mat(layer.ssm_g_a, cur_2d)
-    g2 = ggml.mul_mat(layer.ssm_g_b, g_a)
+    g_a = g.mul_mat_no_lora(layer.ssm_g_a, cur_2d)
+    g2 = g.mul_mat_no_lora(layer.ssm_g_b, g_a)
     g.cb(g2, "g2 g_b(g_a(cur_2d))", il)
     g2 = ggml.reshape(g2, head_dim, n_head, n_seq_tokens * n_seqs)
     attn_out_final = ggml.reshape(output, head_dim, n_head, n_seq_tokens * n_seqs)
@@ -265,7 +265,7 @@ def build_kda(g: GraphContext, inp: RSInput, cur: Tensor, il: int) -> Tensor:
     g.cb(normed, "kda_normed", il)
     gated = ggml.mul(normed, ggml.unary(g2, "SIGMOID"))
     gated = ggml.cont(gated, d_inner, n_tokens)
-    cur = ggml.mul_mat(layer.wo, gated)
+    cur = g.mul_mat_no_lora(layer.wo, gated)
     g.cb(cur, "kda_out", il)
     return cur
 
@@ -280,8 +280,8 @@ def build_mla(g: GraphContext, inp, cur: Tensor, il: int) -> Tensor:
     kv_lora_rank = hp.n_lora_kv
     kq_scale = 1.0 / math.sqrt(n_embd_head_k_mla)
 
-    q = ggml.mul_mat(layer.wq, cur)
-    kv_cmpr_pe = ggml.mul_mat(layer.wkv_a_mqa, cur)
+    q = g.mul_mat_no_lora(layer.wq, cur)
+    kv_cmpr_pe = g.mul_mat_no_lora(layer.wkv_a_mqa, cur)
     row = ggml.row_size(kv_cmpr_pe.type, kv_lora_rank + n_embd_head_qk_rope)
     kv_cmpr = ggml.view(kv_cmpr_pe, (kv_lora_rank, n_tokens), (row,), 0)
     k_pe = ggml.view(kv_cmpr_pe, (n_embd_head_qk_rope, 1, n_tokens), (row, row),

@@ -120,7 +120,7 @@ def build_ffn_layer(g: GraphContext, cur: Tensor, layer: Layer, il: int) -> Tens
     else:
         inp_emb = inp_latent = cur
         if layer.ffn_latent_down is not None:
-            inp_latent = ggml.mul_mat(layer.ffn_latent_down, cur)
+            inp_latent = g.mul_mat_no_lora(layer.ffn_latent_down, cur)
         router_logits = g.build_lora_mm(layer.ffn_gate_inp, cur)
         g.cb(router_logits, "ffn_moe_logits", il)
         moe_out = g.build_moe_ffn(inp_latent, layer.ffn_gate_inp, layer.ffn_up_exps, None, layer.ffn_down_exps,
@@ -129,7 +129,7 @@ def build_ffn_layer(g: GraphContext, cur: Tensor, layer: Layer, il: int) -> Tens
                                   LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, il, probs_in=router_logits)
         g.cb(moe_out, "ffn_moe_out", il)
         if layer.ffn_latent_up is not None:
-            moe_out = ggml.mul_mat(layer.ffn_latent_up, moe_out)
+            moe_out = g.mul_mat_no_lora(layer.ffn_latent_up, moe_out)
         ffn_shexp = g.build_ffn(inp_emb, layer.ffn_up_shexp, None, None, None, layer.ffn_down_shexp, None,
                                 LLM_FFN_RELU_SQR, LLM_FFN_PAR, il)
         g.cb(ffn_shexp, "ffn_shexp", il)

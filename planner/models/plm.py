@@ -72,12 +72,12 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(inp_l, layer.attn_norm, None, LLM_NORM_RMS, il)
         g.cb(cur, "attn_norm", il)
 
-        q = ggml.mul_mat(layer.wq, cur)
+        q = g.mul_mat_no_lora(layer.wq, cur)
         g.cb(q, "q", il)
         q = ggml.reshape(q, n_embd_head_k, n_head, n_tokens)
         g.cb(q, "q", il)
 
-        kv_pe_compressed = ggml.mul_mat(layer.wkv_a_mqa, cur)
+        kv_pe_compressed = g.mul_mat_no_lora(layer.wkv_a_mqa, cur)
         g.cb(kv_pe_compressed, "kv_pe_compresseed", il)
         kv_compressed = ggml.view(kv_pe_compressed, (kv_lora_rank, n_tokens), (kv_pe_compressed.nb[1],), 0)
         g.cb(kv_compressed, "kv_compressed", il)
@@ -87,7 +87,7 @@ def build(g: GraphContext) -> None:
         g.cb(k_pe, "k_pe", il)
         kv_compressed = g.build_norm(kv_compressed, layer.attn_kv_a_norm, None, LLM_NORM_RMS, il)
         g.cb(kv_compressed, "kv_compressed", il)
-        kv = ggml.mul_mat(layer.wkv_b, kv_compressed)
+        kv = g.mul_mat_no_lora(layer.wkv_b, kv_compressed)
         g.cb(kv, "kv", il)
         row = ggml.row_size(kv.type, n_embd_head_qk_nope + n_embd_head_v)
         k_nope = ggml.view(kv, (n_embd_head_qk_nope, n_head, n_tokens), (row, row * n_head), 0)

@@ -70,7 +70,7 @@ def build_rwkv6_time_mix(g: GraphContext, inp, cur, x_prev, il: int):
     sx = ggml.reshape(sx, n_embd, n_tokens)
     cur = ggml.reshape(cur, n_embd, n_tokens)
     xxx = ggml.add(ggml.mul(sx, layer.time_mix_lerp_x), cur)
-    xxx = ggml.reshape(ggml.unary(ggml.mul_mat(layer.time_mix_w1, xxx), "TANH"),
+    xxx = ggml.reshape(ggml.unary(g.mul_mat_no_lora(layer.time_mix_w1, xxx), "TANH"),
                        layer.time_mix_w1.ne[1] // 5, 1, 5, n_tokens)
     xxx = ggml.cont(ggml.permute(xxx, 0, 1, 3, 2))
     w2 = layer.time_mix_w2
@@ -113,7 +113,7 @@ def build_rwkv6_time_mix(g: GraphContext, inp, cur, x_prev, il: int):
     v = ggml.reshape(v, head_size, n_head, n_tokens)
     r = ggml.reshape(r, head_size, n_head, n_tokens)
 
-    w = ggml.mul_mat(layer.time_mix_decay_w2, ggml.unary(ggml.mul_mat(layer.time_mix_decay_w1, xw), "TANH"))
+    w = g.mul_mat_no_lora(layer.time_mix_decay_w2, ggml.unary(g.mul_mat_no_lora(layer.time_mix_decay_w1, xw), "TANH"))
     w = ggml.add(w, layer.time_mix_decay)
     w = ggml.unary(ggml.unary(ggml.unary(w, "EXP"), "NEG"), "EXP")
     w = ggml.reshape(w, head_size, n_head, n_tokens)

@@ -84,7 +84,7 @@ def build_rwkv7_time_mix(g: GraphContext, inp, cur, x_prev, first_layer_value: O
     xg = ggml.view(xxx, (n_embd, n_tokens), (xxx.nb[1],), n_embd * n_tokens * 5 * f32) if has_gating else None
 
     r = g.build_lora_mm(layer.time_mix_receptance, xr)
-    w = ggml.add(ggml.mul_mat(layer.time_mix_w2, ggml.unary(ggml.mul_mat(layer.time_mix_w1, xw), "TANH")),
+    w = ggml.add(g.mul_mat_no_lora(layer.time_mix_w2, ggml.unary(g.mul_mat_no_lora(layer.time_mix_w1, xw), "TANH")),
                  layer.time_mix_w0)
     w = ggml.unary(ggml.scale(ggml.unary(w, "SIGMOID"), -0.606531), "EXP")
     k = g.build_lora_mm(layer.time_mix_key, xk)
@@ -92,13 +92,13 @@ def build_rwkv7_time_mix(g: GraphContext, inp, cur, x_prev, first_layer_value: O
     if first_layer_value is None:
         first_layer_value = v
     else:   # the first layer's value as a residual
-        mix = ggml.unary(ggml.add(ggml.mul_mat(layer.time_mix_v2, ggml.mul_mat(layer.time_mix_v1, xv)),
+        mix = ggml.unary(ggml.add(g.mul_mat_no_lora(layer.time_mix_v2, g.mul_mat_no_lora(layer.time_mix_v1, xv)),
                                   layer.time_mix_v0), "SIGMOID")
         v = ggml.add(v, ggml.mul(ggml.sub(first_layer_value, v), mix))
     gate = None
     if has_gating:
-        gate = ggml.mul_mat(layer.time_mix_g2, ggml.unary(ggml.mul_mat(layer.time_mix_g1, xg), "SIGMOID"))
-    a = ggml.unary(ggml.add(ggml.mul_mat(layer.time_mix_a2, ggml.mul_mat(layer.time_mix_a1, xa)),
+        gate = g.mul_mat_no_lora(layer.time_mix_g2, ggml.unary(g.mul_mat_no_lora(layer.time_mix_g1, xg), "SIGMOID"))
+    a = ggml.unary(ggml.add(g.mul_mat_no_lora(layer.time_mix_a2, g.mul_mat_no_lora(layer.time_mix_a1, xa)),
                             layer.time_mix_a0), "SIGMOID")
     kk = ggml.reshape(ggml.mul(k, layer.time_mix_k_k), head_size, head_count, n_tokens)
     kk = ggml.l2_norm(kk, 1e-12)

@@ -1140,7 +1140,7 @@ class GraphContext:
             kqv = ggml.mul_mat(v, kq)
             self.cb(kqv, "kqv", il)
             if v_mla is not None:
-                kqv = ggml.mul_mat(v_mla, kqv)
+                kqv = self.mul_mat_no_lora(v_mla, kqv)
                 self.cb(kqv, "kqv_mla", il)
             cur = ggml.permute(kqv, 0, 2, 1, 3)
             cur = ggml.cont(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])

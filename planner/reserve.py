@@ -31,7 +31,7 @@ from .model import Model, load_hparams, load_tensors
 from .model_loader import ModelLoader
 from .params import Params
 from .sched import Sched, Splitting
-from .vocab import RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT, load_vocab, rerank_warnings
+from .vocab import LLAMA_TOKEN_NULL, RERANK_NO_BOS, RERANK_NO_EOS_SEP_PROMPT, Vocab, load_vocab, rerank_warnings
 
 if TYPE_CHECKING:
     from .fit import ExtraModel
@@ -86,6 +86,7 @@ class Context:
     lora_adapters: list[tuple[LoraAdapter, float]] = dataclasses.field(default_factory=list)   # loaded, with scales
     loras: list[tuple[LoraAdapter, float]] = dataclasses.field(default_factory=list)   # llama_context::loras
     cvec: Optional[ControlVector] = None      # llama_context::cvec, once control vectors are applied
+    vocab: Optional[Vocab] = None             # the model's special tokens (llama-server's warm-up runs BOS, EOS)
 
 
 def create_context(model_path: str, params: Params, header: Optional[GGUFHeader] = None,
@@ -116,7 +117,7 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     # the loader's warnings, llama_context's, then common_init_from_params' where the vocabulary cannot rerank
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size, ctx_other=ctx_other,
                    warnings=ml.warnings + context_warnings(hp, cp) + rerank_warnings(ml, vocab, cp.pooling_type),
-                   lora_adapters=lora_adapters)
+                   lora_adapters=lora_adapters, vocab=vocab)
 
 
 def context_warnings(hp: HParams, cp: CParams) -> list[str]:
@@ -512,10 +513,25 @@ def common_init_adapters(ctx: Context, params: Params) -> Optional[dict[str, Gra
         ctx.loras = [(a, scale) for a, scale in reversed(ctx.lora_adapters) if scale != 0.0]
     if ctx.cvec is None and not ctx.loras:   # adapters_lora_are_same: the empty set again
         return None
+    check_warm_up(ctx)
     ctx.sched = Sched(ctx.devices.backends, ctx.devices.backend_bufts, parallel=ctx.devices.pipeline_parallel,
                       op_offload=ctx.cparams.op_offload)
     ctx.graph_renames_persistent = False
     return sched_reserve(ctx)
+
+
+def check_warm_up(ctx: Context) -> None:
+    """common_init_from_params' warm-up, which runs the adapters' re-reserve: BOS and EOS (else token
+    0) in one batch through llama_encode where the model has an encoder (t5, t5encoder), else
+    llama_decode, which encodes in a context without memory. An encode of more tokens than n_ubatch
+    aborts first (llama_context::encode GGML_ASSERT "encoder requires n_ubatch >= n_tokens"); so
+    would a first request of as many tokens without the warm-up."""
+    v = ctx.vocab
+    n_tokens = sum(t != LLAMA_TOKEN_NULL for t in (v.special_bos_id, v.special_eos_id)) or 1
+    if (ctx.hparams.arch in ("t5", "t5encoder") or ctx.kv is None) and n_tokens > ctx.cparams.n_ubatch:
+        raise ggml.GGMLAbort(f"llama.cpp would abort at llama-server's warm-up with the adapters (llama-context.cpp "
+                             f"GGML_ASSERT \"encoder requires n_ubatch >= n_tokens\"): it encodes {n_tokens} tokens "
+                             f"in one ubatch of {ctx.cparams.n_ubatch} (-ub)")
 
 
 def cvec_buft(ctx: Context, il: int):

@@ -287,6 +287,22 @@ def test_an_adapter_of_a_weight_multiplied_plainly_and_undeclared_is_refused(tmp
         plan("tiny-deepseek3", (path, 1.0))
 
 
+@pytest.mark.parametrize("model", ["tiny-t5", "tiny-bert"])
+def test_an_encoders_warm_up_past_its_ubatch_aborts_as_in_llama_cpp(model):
+    """The warm-up that runs the adapters' re-reserve encodes BOS and EOS in one ubatch (t5 through
+    llama_encode, a context without memory through llama_decode): with -ub 1 llama.cpp aborts
+    (GGML_ASSERT "encoder requires n_ubatch >= n_tokens"), and so the plan says, in one line."""
+    from schedplan.backends.llama_cpp_run import RunError, available, run
+    from schedplan.planner.ggml import GGMLAbort
+    params = Params(n_ctx=512, n_ubatch=1, lora=((str(lora_path(model, 8, "blocks")), 1.0),))
+    with pytest.raises(GGMLAbort, match="encodes 2 tokens in one ubatch of 1"):
+        reserve(str(model_path(model)), params)
+    assert plan(model, (str(lora_path(model, 8, "blocks")), 1.0), n_ubatch=2)["lora"]["applied"]
+    if available():
+        with pytest.raises(RunError, match="encoder requires n_ubatch >= n_tokens"):
+            run(str(model_path(model)), params)
+
+
 def test_a_control_vector_cut_short_is_a_warning(tmp_path):
     """common_control_vector_load reads the file with its data (gguf_init_from_file, no_alloc false):
     a file whose data section is cut short fails there ("failed to load control vector file"), so

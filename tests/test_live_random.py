@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="live tests need llama-cpp-python (the `run` extra)")
 
-from fixtures.make_gguf import load_config, write_gguf  # noqa: E402
+from fixtures.make_gguf import LORA_TARGETS, load_config, write_cvec_gguf, write_gguf, write_lora_gguf  # noqa: E402
 from schedplan.backends.llama_cpp_run import RunError, run  # noqa: E402
 from schedplan.cli.errors import USER_ERRORS  # noqa: E402
 from schedplan.cli.options import parse_params  # noqa: E402
@@ -329,12 +329,32 @@ def random_arch_config(rng: random.Random, name: str) -> dict:
     return cfg
 
 
-def _check(seed: int, tmp_path, endpoints: list[str], make_config=random_config) -> None:
+def random_adapters(rng: random.Random, cfg: dict, tmp_path) -> list[str]:
+    """A LoRA over every matrix of the blocks (rank and scale drawn), a control vector (its layer
+    range drawn), or both; a model without block matrices gets the vector alone."""
+    flags = []
+    kind = rng.choice(["lora", "cvec", "both"])
+    if kind != "cvec":
+        try:
+            lora = write_lora_gguf(cfg, tmp_path / "lora.gguf", rng.choice([1, 4, 16]), LORA_TARGETS["blocks"], 16.0)
+            flags += ["--lora-scaled", f"{lora}:{rng.choice(['1', '0.5', '2'])}"]
+        except ValueError:       # no weight of the blocks to adapt
+            kind = "cvec"
+    if kind != "lora":
+        flags += ["--control-vector-scaled", f"{write_cvec_gguf(cfg, tmp_path / 'cvec.gguf')}:0.8"]
+        if rng.random() < 0.3:
+            flags += ["--control-vector-layer-range", str(rng.randint(1, 3)), str(rng.randint(1, 4))]
+    return flags
+
+
+def _check(seed: int, tmp_path, endpoints: list[str], make_config=random_config, adapters: bool = False) -> None:
     rng = random.Random(seed)
     cfg = make_config(rng, f"random-{seed}")
     path = str(write_gguf(cfg, tmp_path / f"random-{seed}.gguf"))
     arch = cfg["metadata"]["general.architecture"]
     flags = random_flags(rng, cfg["metadata"][f"{arch}.block_count"], endpoints)
+    if adapters:
+        flags += random_adapters(rng, cfg, tmp_path)
     params = parse_params(flags)
     try:
         real = run(path, params, tensors=True)
@@ -372,3 +392,13 @@ def test_random_architectures_on_cpu(seed, tmp_path):
 @pytest.mark.parametrize("seed", range(300, 308), ids=lambda s: f"seed{s}")
 def test_random_architectures_on_rpc_servers(seed, tmp_path, rpc_endpoints):
     _check(seed, tmp_path, rpc_endpoints[: 1 + seed % 2], random_arch_config)
+
+
+@pytest.mark.parametrize("seed", range(400, 412), ids=lambda s: f"seed{s}")
+def test_random_architectures_with_adapters_on_cpu(seed, tmp_path):
+    _check(seed, tmp_path, [], random_arch_config, adapters=True)
+
+
+@pytest.mark.parametrize("seed", range(500, 506), ids=lambda s: f"seed{s}")
+def test_random_architectures_with_adapters_on_rpc_servers(seed, tmp_path, rpc_endpoints):
+    _check(seed, tmp_path, rpc_endpoints[: 1 + seed % 2], random_arch_config, adapters=True)

@@ -93,6 +93,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_lora_mm(layer.ffn_down, cur, layer.ffn_down_s)
         g.cb(cur, "ffn_down", il)
         cur = ggml.add(cur, ffn_inp)
+        g.cb(cur, "l_out", il)
         cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur

@@ -76,6 +76,7 @@ def build(g: GraphContext) -> None:
                           LLM_FFN_SILU, LLM_FFN_PAR, il)
         g.cb(cur, "ffn_out", il)
         cur = ggml.add(cur, ffn_inp)
+        g.cb(cur, "ffn_out", il)
         cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur

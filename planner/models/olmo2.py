@@ -76,6 +76,7 @@ def build(g: GraphContext) -> None:
         cur = g.build_norm(cur, layer.ffn_post_norm, None, LLM_NORM_RMS, -1)
         g.cb(cur, "ffn_post_norm", -1)
         cur = ggml.add(cur, ffn_inp)
+        g.cb(cur, "ffn_out", il)
         cur = g.build_cvec(cur, il)
         g.cb(cur, "l_out", il)
         inp_l = cur

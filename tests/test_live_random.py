@@ -358,7 +358,12 @@ def _check(seed: int, tmp_path, endpoints: list[str], make_config=random_config,
     params = parse_params(flags)
     try:
         real = run(path, params, tensors=True)
-    except RunError:
+    except RunError as e:
+        if "GGML_ASSERT(i01 >= 0 && i01 < ne01)" in str(e):
+            # learned positions past n_ctx_train: the decode of the reserve's ubatch reads past the
+            # position table, which llama.cpp warned of when it created the context; so does the plan
+            assert any("possible training context overflow" in w for w in reserve(path, params)["warnings"]), flags
+            return
         with pytest.raises(USER_ERRORS):     # llama.cpp refused: so must the plan
             reserve(path, params)
         return

@@ -359,6 +359,12 @@ def _check(seed: int, tmp_path, endpoints: list[str], make_config=random_config,
     try:
         real = run(path, params, tensors=True)
     except RunError as e:
+        if "re-planned the compute buffers" in str(e):
+            # the decode that reads the tensors would not reuse the reserve's offsets: compare the
+            # reservation itself, as the goldens do
+            real = run(path, params)
+            assert [r for r in diff(reserve(path, params), real) if not r.ok] == [], flags
+            return
         if "GGML_ASSERT(i01 >= 0 && i01 < ne01)" in str(e):
             # learned positions past n_ctx_train: the decode of the reserve's ubatch reads past the
             # position table, which llama.cpp warned of when it created the context; so does the plan

@@ -91,7 +91,9 @@ def match_tensors(plan: dict, real: dict) -> tuple[list[dict], list[dict], list[
     """(plan rows, real rows, [(real position, plan position or None)]) in the real graph order.
 
     A real tensor pairs with the first unpaired plan tensor of its name, a scheduler's copy preferring
-    one of its shape where the real copies of that name all differ in shape: names are unique but for
+    one of its shape where the real copies of that name all differ in shape, else one of its shape
+    at its buffer and offset (copies of one name and shape are visited in any order), a weight one in
+    its buffer (a duplicated weight's copies share its name): names are unique but for
     those copies (two views of one node's output copied to another backend are both
     "<backend>#<node> (view)#0"), which the decode may visit in another order than the plan lists
     them, and for the inputs of an iswa cache (the base and the sliding-window attn_inp_kq_mask,
@@ -112,7 +114,16 @@ def match_tensors(plan: dict, real: dict) -> tuple[list[dict], list[dict], list[
         shapes = real_shapes[row["name"]]
         same_shape = [j for j in candidates if list(plan_rows[j].get("ne", [])) == list(row.get("ne", []))
                       and "#" in row["name"] and len(set(shapes)) == len(shapes)]
-        j = (same_shape or candidates or [None])[0]
+        # a weight llama.cpp duplicates into each buffer type that reads it (TENSOR_DUPLICATED:
+        # rope_freqs, token_embd as the output) is one name in several buffers: the copy of the
+        # real one's buffer (the decode lists no copy that only feeds a split's input copy)
+        same_buffer = [j for j in candidates if row.get("usage") == "weights" and
+                       plan_rows[j].get("buffer") == row.get("buffer")]
+        # copies of one name and shape are one multiset: the one at the real one's place, if any
+        same_place = [j for j in (same_shape or candidates) if "#" in row["name"]
+                      and (plan_rows[j].get("buffer"), plan_rows[j].get("offset")) == (row.get("buffer"), row.get("offset"))
+                      and list(plan_rows[j].get("ne", [])) == list(row.get("ne", []))]
+        j = (same_place or same_shape or same_buffer or candidates or [None])[0]
         if j is not None:
             candidates.remove(j)
         pairs.append((i, j))

@@ -35,3 +35,23 @@ def test_a_name_seen_once_pairs_whatever_its_shape():
     plan = {"tensors": [row("kq-0", [4096, 512, 4, 1], 0)]}
     real = {"tensors": [row("kq-0", [256, 512, 4, 1], 0)]}
     assert tensor_summary(plan, real)["matched"] == 1
+
+
+def test_copies_of_one_name_and_shape_pair_by_place():
+    # graniteswitch's reshaped adapter ids, copied to Vulkan0 once per use under one name: the
+    # decode visits them in another order (seed 6098 of the lavapipe fuzz with a control vector)
+    name = "Vulkan0#adapter_ids (reshaped)#0"
+    plan = {"tensors": [row(name, [1, 31, 1, 1], offset) for offset in (116480, 116608, 116736)]}
+    real = {"tensors": [row(name, [1, 31, 1, 1], offset) for offset in (116736, 116480, 116608)]}
+    assert first_tensor_mismatch(plan, real) is None
+    real["tensors"][1]["offset"] = 116992
+    assert first_tensor_mismatch(plan, real)["fields"] == ["offset"]
+
+
+def test_a_duplicated_weight_pairs_by_buffer():
+    # rope_freqs of a llama3-style model: layer 0's on the CPU, a copy for the GPU layers in Vulkan0
+    # (TENSOR_DUPLICATED); the decode never lists the CPU one when only offloaded ropes read it
+    cpu = row("rope_freqs.weight", [32, 1, 1, 1], 0) | {"buffer": "CPU_Mapped", "usage": "weights"}
+    gpu = row("rope_freqs.weight", [32, 1, 1, 1], 920576) | {"usage": "weights"}
+    assert first_tensor_mismatch({"tensors": [cpu, gpu]}, {"tensors": [gpu]}) is None
+    assert first_tensor_mismatch({"tensors": [cpu, gpu | {"offset": 0}]}, {"tensors": [gpu]})["fields"] == ["offset"]

@@ -24,10 +24,12 @@ def exit_without_teardown(code: Optional[Union[int, str]]) -> NoReturn:
     """Exit with the command's status, less the interpreter's teardown: freeing every module and
     the plan's graphs (tens of thousands of objects) is about a tenth of a plan's wall time
     (bench/README.md). Exit handlers run and the output is flushed first; a status that is a
-    message, or output that cannot be flushed (a closed pipe), exits as Python exits."""
+    message, or output that cannot be flushed (a closed pipe), exits as Python exits. No command
+    leaves a thread of its own running (rank's process pool ends with its with-block; detection's
+    thread is a daemon)."""
     if code is not None and not isinstance(code, int):
         raise SystemExit(code)
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()     # what the interpreter's exit runs first (no public call does it)
     try:
         sys.stdout.flush()
         sys.stderr.flush()

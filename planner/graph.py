@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 from . import ggml
 from .cparams import CParams
@@ -19,7 +19,7 @@ from .kv_cache_dsa import KVCacheDSA, KVCacheDSAISWA
 from .kv_cache_dsv4 import DSV4_CSA_RATIO, DSV4_HCA_RATIO, CompPlan, KVCacheDSV4, reserve_comp_plan
 from .kv_cache_iswa import KVCacheISWA
 from .memory_recurrent import MemoryHybrid, MemoryRecurrent
-from .adapter import ControlVector, LoraAdapter
+from .adapter import ControlVector, LoraAdapter, LoraWeight
 from .model import Model
 
 
@@ -264,12 +264,7 @@ class GraphContext:
         self.cb(embd, "inp_embd", -1)
         embd.set_input()
         rows = ggml.get_rows(tok_embd, tokens)
-        for adapter, adapter_scale in self.loras:   # lora for the token embeddings
-            lw = adapter.get_weight(tok_embd)
-            if lw is None:
-                continue
-            self.lora_handled.add(tok_embd.name)
-            scale = lw.get_scale(adapter.alpha, adapter_scale)
+        for lw, scale in self.lora_weights(tok_embd):   # lora for the token embeddings
             # non-transposed lora_b
             delta = ggml.scale(ggml.mul_mat(lw.b, ggml.get_rows(lw.a, tokens)), scale)
             rows = ggml.add(rows, delta)
@@ -569,18 +564,23 @@ class GraphContext:
 
     # --- layers ----------------------------------------------------------------------------------
 
+    def lora_weights(self, w: Tensor) -> Iterator[tuple[LoraWeight, float]]:
+        """Each applied adapter's lora_a/lora_b pair of weight w with its scale, in llama_context::loras'
+        order (the loop build_lora_mm, build_lora_mm_id and build_inp_embd open with); w is then
+        multiplied as llama.cpp multiplies it (check_loras)."""
+        for adapter, adapter_scale in self.loras:
+            lw = adapter.get_weight(w)
+            if lw is not None:
+                self.lora_handled.add(w.name)
+                yield lw, lw.get_scale(adapter.alpha, adapter_scale)
+
     def build_lora_mm(self, w: Tensor, cur: Tensor, w_s: Optional[Tensor] = None) -> Tensor:
         """build_lora_mm: MUL_MAT, times the weight's scale where w_s is given, plus each applied
         LoRA adapter's scale * (b @ (a @ cur)) for the weight."""
         res = ggml.mul_mat(w, cur)
         if w_s is not None:
             res = ggml.mul(res, w_s)
-        for adapter, adapter_scale in self.loras:
-            lw = adapter.get_weight(w)
-            if lw is None:
-                continue
-            self.lora_handled.add(w.name)
-            scale = lw.get_scale(adapter.alpha, adapter_scale)
+        for lw, scale in self.lora_weights(w):
             ab_cur = ggml.mul_mat(lw.b, ggml.mul_mat(lw.a, cur))
             ab_cur = ggml.scale(ab_cur, scale)
             res = ggml.add(res, ab_cur)
@@ -600,12 +600,7 @@ class GraphContext:
             s = ggml.reshape(w_s, 1, n_expert, 1)
             s = ggml.repeat_4d(s, 1, n_expert, cur.ne[2], 1)
             res = ggml.mul(res, ggml.get_rows(s, ids))
-        for adapter, adapter_scale in self.loras:
-            lw = adapter.get_weight(w)
-            if lw is None:
-                continue
-            self.lora_handled.add(w.name)
-            scale = lw.get_scale(adapter.alpha, adapter_scale)
+        for lw, scale in self.lora_weights(w):
             ab_cur = ggml.mul_mat_id(lw.b, ggml.mul_mat_id(lw.a, cur, ids), ids)
             ab_cur = ggml.scale(ab_cur, scale)
             res = ggml.add(res, ab_cur)
@@ -1170,11 +1165,7 @@ class GraphContext:
             cur = ggml.get_rows(cur, out_ids)
         self.cb(cur, "result_norm", -1)
         self.t_embd = cur
-        if lora:
-            cur = self.build_lora_mm(self.model.output, cur)
-        else:
-            cur = ggml.mul_mat(self.model.output, cur)
-            self.lora_handled.add(self.model.output.name)
+        cur = self.build_lora_mm(self.model.output, cur) if lora else self.mul_mat_no_lora(self.model.output, cur)
         if self.model.output_b is not None:
             if name_no_bias:
                 self.cb(cur, "result_output_no_bias", -1)

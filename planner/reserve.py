@@ -113,11 +113,17 @@ def create_context(model_path: str, params: Params, header: Optional[GGUFHeader]
     # the cache is created before the FA probe: "auto" still counts as on (v_trans = !flash_attn)
     kv = create_memory(hp, cp, devices, ctx_other)
     output_size = output_reserve_size(hp, cp)
-    sched = Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
+    sched = new_sched(devices, cp)
     # the loader's warnings, llama_context's, then common_init_from_params' where the vocabulary cannot rerank
     return Context(str(model_path), hp, cp, devices, model, kv, sched, output_size, ctx_other=ctx_other,
                    warnings=ml.warnings + context_warnings(hp, cp) + rerank_warnings(ml, vocab, cp.pooling_type),
                    lora_adapters=lora_adapters, vocab=vocab)
+
+
+def new_sched(devices: Devices, cp: CParams) -> Sched:
+    """ggml_backend_sched_new over the context's backends (llama_context's constructor, and
+    sched_reserve when sched_need_reserve makes a new one)."""
+    return Sched(devices.backends, devices.backend_bufts, parallel=devices.pipeline_parallel, op_offload=cp.op_offload)
 
 
 def context_warnings(hp: HParams, cp: CParams) -> list[str]:
@@ -514,8 +520,7 @@ def common_init_adapters(ctx: Context, params: Params) -> Optional[dict[str, Gra
     if ctx.cvec is None and not ctx.loras:   # adapters_lora_are_same: the empty set again
         return None
     check_warm_up(ctx)
-    ctx.sched = Sched(ctx.devices.backends, ctx.devices.backend_bufts, parallel=ctx.devices.pipeline_parallel,
-                      op_offload=ctx.cparams.op_offload)
+    ctx.sched = new_sched(ctx.devices, ctx.cparams)
     ctx.graph_renames_persistent = False
     return sched_reserve(ctx)
 
@@ -660,7 +665,7 @@ def reserve(model_path: str, params: Params, tensors: bool = False, graph: str =
     stats = sched_reserve(ctx)
     lora = cvec = None
     if ctx.lora_adapters or params.control_vectors:
-        before = _buffer_sizes(ctx, [ctx.sched.get_vbuffer_size(i) for i in range(len(ctx.devices.backends))])
+        before = compute_buffers(ctx)
         stats = common_init_adapters(ctx, params) or stats
         lora = lora_section(ctx, before) if ctx.lora_adapters else None
         cvec = cvec_section(ctx, params, before) if params.control_vectors else None

@@ -792,7 +792,6 @@ class CvecProbe:
             buf = layer_dir.buffer
             self.bufs[buf] = (self.ggml.buffer_name(buf).decode(), self.ggml.buffer_get_size(buf))
 
-
     def n_slots(self, n_embd: int) -> int:
         """How many n_embd f32 tensors the buffers seen hold (each padded to its buffer's alignment;
         a buffer's few extra bytes, Vulkan_Host's 32, hold none): llama_adapter_cvec puts all of a

@@ -210,8 +210,6 @@ def _rpc_endpoints(ctx: click.Context, param: click.Parameter, values: tuple[str
 
 
 POOLING_ORDER = "schedplan.pooling_order"
-
-
 LORA_ORDER = "schedplan.lora_order"
 CVEC_ORDER = "schedplan.control_vector_order"
 
@@ -373,7 +371,7 @@ def plan_options(func: Callable) -> Callable:
             raise click.BadParameter(str(e), param_hint="'--control-vector-scaled'") from None
         cvec_start, cvec_end = kwargs.pop("control_vector_layer_range")
         embeddings, pooling_type = _embeddings(kwargs.pop("embeddings"), kwargs.pop("rerank"),
-                                               click.get_current_context().meta.get(POOLING_ORDER, []))
+                                               meta.get(POOLING_ORDER, []))
         n_batch, n_ubatch = kwargs.pop("n_batch"), kwargs.pop("n_ubatch")
         if embeddings:   # tools/server/server.cpp: "setting n_batch = n_ubatch to avoid assertion failure"
             n_batch = min(n_batch, n_ubatch)
